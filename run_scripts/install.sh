@@ -47,7 +47,12 @@ check_build() {
     done
     printf '%s\n' "$out"
 }
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$fingerprint" ] && check_build >/dev/null; then
+# The same three questions `horovodrun --check-build` asks, in one interpreter (it takes ~25 s).
+quick_check() {
+    "$py" -c 'import horovod.tensorflow as h, sys; sys.exit(not (h.mpi_built() and h.gloo_built()))' \
+        >/dev/null 2>&1
+}
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$fingerprint" ] && quick_check; then
     say "up to date ($py; Horovod with TensorFlow, MPI and Gloo)"
     exit 0
 fi
