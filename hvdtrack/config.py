@@ -1,0 +1,128 @@
+"""The run configuration: one YAML file, validated into typed sections, with command-line overrides.
+
+A file looks like::
+
+    name: tiny
+    data: {source: synthetic, dataset_dir: data/tiny, train_events: 4, synthetic: {...}, graph: {...}}
+    model: {num_message_passing_steps: 2, ...}
+    train: {epochs: 2, batch_graphs: 2, ...}
+    distributed: {strategy: horovod}
+    scaling: {price_per_device_hour: 0.05}
+
+Each section's dataclass lives beside the code it configures; this module composes them.
+Public symbols: ``Config``, ``DataConfig``, ``load_config``, ``config_to_dict``, ``dump_config``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+
+from hvdtrack.configtools import apply_overrides, check, from_mapping, to_mapping
+from hvdtrack.errors import ConfigError
+from hvdtrack.events.synthetic import SyntheticConfig
+from hvdtrack.graphs.construction import GraphConfig
+from hvdtrack.model.classifier import ModelConfig
+from hvdtrack.records.shards import RecordsConfig
+from hvdtrack.scaling.config import ScalingConfig
+from hvdtrack.train.config import DistributedConfig, TrainConfig
+from hvdtrack.utils.io import atomic_write
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where events come from and how they become TFRecord graphs (``hvdtrack prepare``).
+
+    Events are split by event, never by section, so no event feeds two splits.
+    ``train_events: null`` with ``source: trackml`` takes every event not used by val/test.
+    """
+
+    source: Literal["synthetic", "trackml"] = "synthetic"
+    trackml_dir: Optional[str] = None
+    dataset_dir: str = "data/default"
+    train_events: Optional[int] = 16
+    val_events: int = 4
+    test_events: int = 0
+    seed: int = 7
+    workers: Optional[int] = None
+    keep_csv: bool = True
+    synthetic: SyntheticConfig = dataclasses.field(default_factory=SyntheticConfig)
+    graph: GraphConfig = dataclasses.field(default_factory=GraphConfig)
+    records: RecordsConfig = dataclasses.field(default_factory=RecordsConfig)
+
+    def __post_init__(self):
+        check(
+            self.source != "trackml" or bool(self.trackml_dir),
+            "trackml_dir",
+            "is required when data.source is trackml (a directory of event000...-hits.csv files)",
+        )
+        check(
+            self.train_events is None or self.train_events >= 1,
+            "train_events",
+            "must be >= 1 (or null: all remaining TrackML events)",
+        )
+        check(
+            self.train_events is not None or self.source == "trackml",
+            "train_events",
+            "may only be null with data.source trackml",
+        )
+        check(self.val_events >= 1, "val_events", "must be >= 1 (validation runs every epoch)")
+        check(self.test_events >= 0, "test_events", "must be >= 0")
+        check(self.workers is None or self.workers >= 1, "workers", "must be >= 1 or null")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """A whole run: data preparation, model, training, distribution and scaling settings."""
+
+    name: str = "default"
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
+    scaling: ScalingConfig = dataclasses.field(default_factory=ScalingConfig)
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> Config:
+    """Reads a YAML config, applies ``section.key=value`` overrides, validates everything.
+
+    Raises:
+      ConfigError: naming the file and key for an unreadable file, unknown or mistyped key,
+        or a value out of range.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    data = apply_overrides(data, overrides or [])
+    data.setdefault("name", path.stem)
+    source = str(path) if not overrides else f"{path} (with overrides {' '.join(overrides)})"
+    return from_mapping(Config, data, source=source)
+
+
+def config_to_dict(config: Config) -> dict:
+    """The config as plain nested dicts (what ``dump_config`` writes)."""
+    return to_mapping(config)
+
+
+def dump_config(config: Config, path: str | os.PathLike) -> None:
+    """Writes the resolved config as YAML, atomically; ``load_config`` reads it back equal."""
+    with atomic_write(path) as f:
+        yaml.safe_dump(config_to_dict(config), f, sort_keys=False)
+
+
+def require(condition: bool, message: str) -> None:
+    """Raises ``ConfigError(message)`` unless ``condition`` (for cross-section checks)."""
+    if not condition:
+        raise ConfigError(message)

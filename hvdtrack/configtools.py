@@ -1,0 +1,196 @@
+"""Typed configuration: YAML mappings validated into frozen dataclasses, with ``a.b=value`` overrides.
+
+Every stage owns the dataclass of its own section (``SyntheticConfig`` beside the generator,
+``ModelConfig`` beside the model, ...); ``hvdtrack.config`` composes them. This module holds the
+one mechanism that turns a nested mapping into those dataclasses, naming the offending key on error.
+
+Public symbols: ``from_mapping``, ``to_mapping``, ``apply_overrides``, ``parse_override``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from typing import Any, Literal, Mapping, Union
+
+import yaml
+
+from hvdtrack.errors import ConfigError
+
+
+def from_mapping(cls: type, data: Any, where: str = "", source: str = "config") -> Any:
+    """Builds dataclass ``cls`` from a nested mapping, checking every key and type.
+
+    Args:
+      cls: a dataclass type whose fields carry type hints (and defaults for optional keys).
+      data: the mapping (e.g. from YAML); ``None`` means all defaults.
+      where: dotted key prefix used in messages (``"train"``).
+      source: file name used in messages.
+
+    Returns:
+      An instance of ``cls``.
+
+    Raises:
+      ConfigError: on an unknown key (with a close-match suggestion), a missing required key,
+        or a value of the wrong type. ``__post_init__`` validation errors are re-raised with the
+        key prefix and source.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: '{where or '<top>'}' must be a mapping, got {_describe(data)}")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints = typing.get_type_hints(cls)
+    for key in data:
+        if key not in fields:
+            near = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f" (did you mean '{_join(where, near[0])}'?)" if near else ""
+            raise ConfigError(
+                f"{source}: unknown key '{_join(where, key)}'{hint}; "
+                f"known keys here: {', '.join(sorted(fields))}"
+            )
+    kwargs = {}
+    for name, field in fields.items():
+        key = _join(where, name)
+        if name in data:
+            kwargs[name] = _convert(hints[name], data[name], key, source)
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{source}: missing required key '{key}'")
+    try:
+        return cls(**kwargs)
+    except ConfigError as err:
+        msg = str(err)
+        raise ConfigError(msg if msg.startswith(source) else f"{source}: {_prefix(where, msg)}") from None
+
+
+def to_mapping(obj: Any) -> Any:
+    """Turns a config dataclass (recursively) into plain dicts/lists for YAML or JSON."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_mapping(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_mapping(v) for v in obj]
+    return obj
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Splits ``"train.learning_rate=1e-3"`` into (["train", "learning_rate"], 0.001).
+
+    The value is parsed as YAML, so ``[1, 2]``, ``true``, ``null`` and numbers work.
+    """
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override '{text}' is not of the form section.key=value")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override '{text}': value is not valid YAML ({err})") from None
+    return key.split("."), parsed
+
+
+def apply_overrides(data: Mapping, overrides: list[str]) -> dict:
+    """Returns a copy of nested mapping ``data`` with each ``a.b=value`` override applied."""
+    result = _deep_copy(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = result
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"override '{text}': '{part}' is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return result
+
+
+def check(condition: bool, key: str, message: str) -> None:
+    """Raises ``ConfigError`` naming ``key`` unless ``condition``; for ``__post_init__`` checks."""
+    if not condition:
+        raise ConfigError(f"'{key}' {message}")
+
+
+# ------------------------------------------------------------------------------------ internals
+def _convert(hint: Any, value: Any, key: str, source: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        return from_mapping(hint, value, key, source)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value, key, source)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{source}: '{key}' got {_describe(value)}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(
+                f"{source}: '{key}' must be one of {', '.join(repr(a) for a in args)}, got {value!r}"
+            )
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{source}: '{key}' must be a list, got {_describe(value)}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise ConfigError(f"{source}: '{key}' must have {len(args)} items, got {len(value)}")
+            items = [_convert(a, v, f"{key}[{i}]", source) for i, (a, v) in enumerate(zip(args, value))]
+        else:
+            item = args[0] if args else Any
+            items = [_convert(item, v, f"{key}[{i}]", source) for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{source}: '{key}' must be a mapping, got {_describe(value)}")
+        return dict(value)
+    if hint is Any:
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{source}: '{key}' must be true or false, got {_describe(value)}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{source}: '{key}' must be an integer, got {_describe(value)}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{source}: '{key}' must be a number, got {_describe(value)}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{source}: '{key}' must be a string, got {_describe(value)}")
+        return value
+    raise TypeError(f"config field '{key}' has an unsupported type hint {hint!r}")
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}" if not isinstance(value, Mapping) else "a mapping"
+
+
+def _join(where: str, key: Any) -> str:
+    return f"{where}.{key}" if where else str(key)
+
+
+def _prefix(where: str, msg: str) -> str:
+    # Turn "'lr' must be > 0" raised by a section into "'train.lr' must be > 0".
+    if where and msg.startswith("'"):
+        return f"'{where}.{msg[1:]}"
+    return msg
+
+
+def _deep_copy(data: Any) -> Any:
+    if isinstance(data, Mapping):
+        return {k: _deep_copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deep_copy(v) for v in data]
+    return data

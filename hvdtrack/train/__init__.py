@@ -1,0 +1,1 @@
+"""Training: the one loop (``loop``), the distribution seam (``distribute``), optimizer, metrics."""

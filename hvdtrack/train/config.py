@@ -1,0 +1,116 @@
+"""The ``train:`` and ``distributed:`` sections of a run configuration."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Optional
+
+from hvdtrack.configtools import check
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """How one training run proceeds (the same on every worker).
+
+    ``batch_graphs`` is per worker (per replica) and per step; the global batch is
+    ``batch_graphs * num_workers * backward_passes_per_step``.
+    """
+
+    run_dir: str = "runs/default"
+    epochs: int = 10
+    batch_graphs: int = 1
+    max_steps_per_epoch: Optional[int] = None
+    learning_rate: float = 1e-3
+    lr_scaling: Literal["none", "linear", "sqrt"] = "sqrt"
+    warmup_epochs: float = 1.0
+    decay: Literal["none", "cosine", "exponential"] = "cosine"
+    decay_rate: float = 0.1
+    min_learning_rate_fraction: float = 0.01
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    grad_clip_norm: Optional[float] = None
+    true_weight: float = 2.0
+    fake_weight: float = 1.0
+    thresholds: tuple[float, ...] = (0.5,)
+    seed: int = 1
+    checkpoint_every_steps: Optional[int] = None
+    keep_checkpoints: int = 3
+    resume: bool = True
+    validate_every_epochs: int = 1
+    log_every_steps: int = 10
+    profile_steps: Optional[tuple[int, int]] = None
+    progress_bar: bool = True
+    verify_checksums: bool = True
+
+    def __post_init__(self):
+        check(self.epochs >= 1, "epochs", "must be >= 1")
+        check(self.batch_graphs >= 1, "batch_graphs", "must be >= 1")
+        check(
+            self.max_steps_per_epoch is None or self.max_steps_per_epoch >= 1,
+            "max_steps_per_epoch",
+            "must be >= 1 or null",
+        )
+        check(self.learning_rate > 0, "learning_rate", "must be > 0")
+        check(self.warmup_epochs >= 0, "warmup_epochs", "must be >= 0")
+        check(0 < self.decay_rate <= 1, "decay_rate", "must be in (0, 1]")
+        check(0 <= self.min_learning_rate_fraction <= 1, "min_learning_rate_fraction", "must be in [0, 1]")
+        check(0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1, "adam_beta1", "betas must be in [0, 1)")
+        check(self.grad_clip_norm is None or self.grad_clip_norm > 0, "grad_clip_norm", "must be > 0 or null")
+        check(self.true_weight > 0 and self.fake_weight > 0, "true_weight", "class weights must be > 0")
+        check(len(self.thresholds) >= 1, "thresholds", "needs at least one threshold")
+        check(all(0 < t < 1 for t in self.thresholds), "thresholds", "must lie strictly between 0 and 1")
+        check(
+            self.checkpoint_every_steps is None or self.checkpoint_every_steps >= 1,
+            "checkpoint_every_steps",
+            "must be >= 1 or null",
+        )
+        check(self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1")
+        check(self.validate_every_epochs >= 1, "validate_every_epochs", "must be >= 1")
+        check(self.log_every_steps >= 1, "log_every_steps", "must be >= 1")
+        check(
+            self.profile_steps is None or 0 <= self.profile_steps[0] < self.profile_steps[1],
+            "profile_steps",
+            "must be [first, last) with 0 <= first < last",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """Which distribution strategy runs the one training loop, and its options.
+
+    strategy:
+      local: one process, no communication.
+      horovod: one process per worker, launched by horovodrun / mpirun / srun (Gloo or MPI).
+      mirrored: tf.distribute.MirroredStrategy over the local devices (GPUs, or
+        ``num_cpu_devices`` logical CPU devices).
+      multiworker: tf.distribute.MultiWorkerMirroredStrategy, one process per host
+        (TF_CONFIG, or SLURM's environment).
+    """
+
+    strategy: Literal["local", "horovod", "mirrored", "multiworker"] = "local"
+    compression: Literal["none", "fp16"] = "none"
+    reduce_op: Literal["sum", "adasum"] = "sum"
+    backward_passes_per_step: int = 1
+    threads_per_worker: Optional[int] = None
+    num_cpu_devices: int = 2
+    balance: bool = True
+
+    def __post_init__(self):
+        check(self.backward_passes_per_step >= 1, "backward_passes_per_step", "must be >= 1")
+        check(
+            self.threads_per_worker is None or self.threads_per_worker >= 1,
+            "threads_per_worker",
+            "must be >= 1 or null",
+        )
+        check(self.num_cpu_devices >= 1, "num_cpu_devices", "must be >= 1")
+        check(
+            self.reduce_op == "sum" or self.strategy == "horovod",
+            "reduce_op",
+            "adasum is a Horovod operation: set distributed.strategy=horovod",
+        )
+        check(
+            self.compression == "none" or self.strategy == "horovod",
+            "compression",
+            "fp16 compression is a Horovod option: set distributed.strategy=horovod",
+        )

@@ -1,0 +1,339 @@
+"""The one distribution seam: local, Horovod, MirroredStrategy and MultiWorker differ only here.
+
+The training loop sees a ``Workers`` object and nothing else of the strategy:
+
+* identity: ``rank`` (process index), ``num_processes``, ``num_replicas`` (data-parallel workers in
+  all), ``replica_ids`` (the global worker ids this process feeds), ``is_chief``;
+* ``scope()`` to create variables in, ``run(fn, batches)`` to run a replica step in a compiled
+  function, ``reduce_sum`` inside that step, ``reduce_gradients`` for the gradient exchange,
+  ``broadcast_variables`` once after variables exist;
+* host-side collectives over processes for metrics: ``allreduce_host`` (sums) and
+  ``allgather_host`` (concatenation in rank order).
+
+Public symbols: ``Workers``, ``HorovodWorkers``, ``StrategyWorkers``, ``make_workers``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from hvdtrack.errors import ConfigError
+from hvdtrack.train.config import DistributedConfig
+
+
+def _cpu_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _set_threads(threads: int) -> None:
+    # Must run before TensorFlow's runtime starts (before the first op).
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+
+
+class Workers:
+    """A single process with no communication (``distributed.strategy: local``)."""
+
+    name = "local"
+
+    def __init__(self, config: DistributedConfig):
+        self.config = config
+        self.rank = 0
+        self.num_processes = 1
+        self.local_replicas = 1
+        self.threads = config.threads_per_worker or _cpu_threads()
+        _set_threads(self.threads)
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def num_replicas(self) -> int:
+        """Data-parallel workers in all (the N of the scaling laws)."""
+        return self.num_processes * self.local_replicas
+
+    @property
+    def replica_ids(self) -> list[int]:
+        """Global worker ids whose batches this process feeds, in local-replica order."""
+        first = self.rank * self.local_replicas
+        return list(range(first, first + self.local_replicas))
+
+    @property
+    def is_chief(self) -> bool:
+        """Only the chief writes files (TensorBoard, checkpoints, reports)."""
+        return self.rank == 0
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "strategy": self.name,
+            "num_processes": self.num_processes,
+            "num_workers": self.num_replicas,
+            "threads_per_worker": self.threads,
+        }
+
+    # ------------------------------------------------------------------ in-graph
+    def scope(self) -> contextlib.AbstractContextManager:
+        """Context in which model and optimizer variables are created."""
+        return contextlib.nullcontext()
+
+    def run(self, fn: Callable, batches: Sequence[tuple]) -> list:
+        """Runs ``fn(*batch)`` as each local replica; returns one output per local replica."""
+        return [fn(*batches[0])]
+
+    def reduce_sum(self, tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+        """Sums each tensor over all replicas, exactly (no compression). Call inside ``run``."""
+        return list(tensors)
+
+    def reduce_gradients(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        """The gradient exchange: sums already-normalised gradients over all replicas.
+
+        Subclasses may compress (fp16) or combine adaptively (Adasum); see ``HorovodWorkers``.
+        """
+        return self.reduce_sum(grads)
+
+    @property
+    def adaptive_reduction(self) -> bool:
+        """True when ``reduce_gradients`` expects per-replica mean gradients (Adasum)."""
+        return False
+
+    def broadcast_variables(self, variables: Sequence[tf.Variable]) -> None:
+        """Makes every replica hold rank 0's values (after lazy variable creation)."""
+
+    # ------------------------------------------------------------------ host side
+    def allreduce_host(self, values: np.ndarray) -> np.ndarray:
+        """Sums a float64 array over processes (each process passes its local total)."""
+        return np.asarray(values, np.float64)
+
+    def allgather_host(self, values: np.ndarray) -> np.ndarray:
+        """Concatenates arrays (same trailing shape, any length) over processes in rank order."""
+        return np.asarray(values)
+
+    def barrier(self) -> None:
+        """Waits until every process reaches this point."""
+
+    def shutdown(self) -> None:
+        """Releases the communication layer."""
+
+
+class HorovodWorkers(Workers):
+    """One process per worker under horovodrun, mpirun or srun; allreduce over MPI or Gloo."""
+
+    name = "horovod"
+
+    def __init__(self, config: DistributedConfig):
+        import horovod.tensorflow as hvd
+
+        self.hvd = hvd
+        self.config = config
+        hvd.init()
+        self.rank = hvd.rank()
+        self.num_processes = hvd.size()
+        self.local_replicas = 1
+        self.local_rank = hvd.local_rank()
+        # Pin one GPU per local rank; on CPU split the cores between the ranks of this host.
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            if self.local_rank >= len(gpus):
+                raise ConfigError(
+                    f"'distributed.strategy' horovod: local rank {self.local_rank} has no GPU "
+                    f"({len(gpus)} visible); start at most {len(gpus)} ranks per node"
+                )
+            tf.config.set_visible_devices(gpus[self.local_rank], "GPU")
+            tf.config.experimental.set_memory_growth(gpus[self.local_rank], True)
+        self.threads = config.threads_per_worker or max(1, _cpu_threads() // hvd.local_size())
+        _set_threads(self.threads)
+        self._op = hvd.Adasum if config.reduce_op == "adasum" else hvd.Sum
+        self._compression = (
+            hvd.Compression.fp16 if config.compression == "fp16" else hvd.Compression.none
+        )
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info.update(
+            controller="mpi" if self.hvd.mpi_enabled() and self.hvd.mpi_built() else "gloo",
+            local_size=self.hvd.local_size(),
+            compression=self.config.compression,
+            reduce_op=self.config.reduce_op,
+        )
+        return info
+
+    def reduce_sum(self, tensors):
+        # Exact sums (loss and weight totals): never compressed, never Adasum.
+        return self.hvd.grouped_allreduce(list(tensors), op=self.hvd.Sum, name="exact_sums")
+
+    def reduce_gradients(self, grads):
+        # What hvd.DistributedGradientTape does after tape.gradient: one grouped allreduce.
+        return self.hvd.grouped_allreduce(
+            list(grads), op=self._op, compression=self._compression, name="gradients"
+        )
+
+    @property
+    def adaptive_reduction(self) -> bool:
+        return self.config.reduce_op == "adasum"
+
+    def broadcast_variables(self, variables):
+        self.hvd.broadcast_variables(list(variables), root_rank=0)
+
+    def allreduce_host(self, values):
+        values = np.asarray(values, np.float64)
+        if self.num_processes == 1:
+            return values
+        return self.hvd.allreduce(tf.constant(values), op=self.hvd.Sum).numpy()
+
+    def allgather_host(self, values):
+        values = np.asarray(values)
+        if self.num_processes == 1:
+            return values
+        return self.hvd.allgather(tf.constant(values)).numpy()
+
+    def barrier(self):
+        self.allreduce_host(np.zeros(1))
+
+    def shutdown(self):
+        self.hvd.shutdown()
+
+
+def _replica_local_creator(next_creator, **kwargs):
+    # As snt.distribute.Replicator: every replica owns a copy of each variable and updates it in
+    # replica context; copies stay equal because every replica applies the same reduced update.
+    if kwargs.get("synchronization", tf.VariableSynchronization.AUTO) == tf.VariableSynchronization.AUTO:
+        kwargs["synchronization"] = tf.VariableSynchronization.ON_READ
+        if kwargs.get("aggregation", tf.VariableAggregation.NONE) == tf.VariableAggregation.NONE:
+            kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA
+        if kwargs.get("trainable") is None:
+            kwargs["trainable"] = True
+    return next_creator(**kwargs)
+
+
+class StrategyWorkers(Workers):
+    """``tf.distribute``: MirroredStrategy (one process) or MultiWorkerMirroredStrategy."""
+
+    def __init__(self, config: DistributedConfig):
+        self.config = config
+        if config.strategy == "multiworker":
+            resolver = _cluster_resolver()
+            hosts_here = _local_worker_count(resolver)
+            self.threads = config.threads_per_worker or max(1, _cpu_threads() // hosts_here)
+            _set_threads(self.threads)
+            self.strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+            self.rank = int(resolver.task_id or 0)
+            self.num_processes = max(1, resolver.cluster_spec().num_tasks("worker"))
+            self.name = "multiworker"
+        else:
+            self.threads = config.threads_per_worker or _cpu_threads()
+            _set_threads(self.threads)
+            devices = _mirrored_devices(config.num_cpu_devices)
+            self.strategy = tf.distribute.MirroredStrategy(devices=devices)
+            self.rank = 0
+            self.num_processes = 1
+            self.name = "mirrored"
+        self.local_replicas = self.strategy.num_replicas_in_sync // self.num_processes
+
+    def describe(self) -> dict[str, Any]:
+        info = super().describe()
+        info["devices"] = list(self.strategy.extended.worker_devices)
+        return info
+
+    def scope(self):
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.strategy.scope())
+        stack.enter_context(tf.variable_creator_scope(_replica_local_creator))
+        return stack
+
+    def run(self, fn, batches):
+        local = self.local_replicas
+
+        def value_fn(context):
+            return batches[context.replica_id_in_sync_group % local]
+
+        per_replica = self.strategy.experimental_distribute_values_from_function(value_fn)
+        outputs = self.strategy.run(lambda batch: fn(*batch), args=(per_replica,))
+        results = self.strategy.experimental_local_results
+        return [tf.nest.map_structure(lambda v, i=i: results(v)[i], outputs) for i in range(local)]
+
+    def reduce_sum(self, tensors):
+        context = tf.distribute.get_replica_context()
+        return list(context.all_reduce(tf.distribute.ReduceOp.SUM, list(tensors)))
+
+    def allreduce_host(self, values):
+        values = np.asarray(values, np.float64)
+        if self.num_processes == 1:
+            return values
+        local = self.local_replicas
+        zeros = np.zeros_like(values)
+        per_replica = self.strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(values if ctx.replica_id_in_sync_group % local == 0 else zeros)
+        )
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None).numpy()
+
+    def allgather_host(self, values):
+        values = np.asarray(values)
+        if self.num_processes == 1:
+            return values
+        local = self.local_replicas
+        empty = values[:0]
+        per_replica = self.strategy.experimental_distribute_values_from_function(
+            lambda ctx: tf.constant(values if ctx.replica_id_in_sync_group % local == 0 else empty)
+        )
+        return self.strategy.gather(per_replica, axis=0).numpy()
+
+    def barrier(self):
+        self.allreduce_host(np.zeros(1))
+
+
+def _mirrored_devices(num_cpu_devices: int) -> list[str]:
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        return [f"/gpu:{i}" for i in range(len(gpus))]
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(num_cpu_devices)]
+        )
+    except RuntimeError:
+        pass  # TensorFlow already started: keep whatever logical devices exist.
+    devices = tf.config.list_logical_devices("CPU")
+    return [d.name for d in devices[:num_cpu_devices]]
+
+
+def _cluster_resolver():
+    resolver_cls = tf.distribute.cluster_resolver
+    if "TF_CONFIG" in os.environ:
+        try:
+            json.loads(os.environ["TF_CONFIG"])
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"TF_CONFIG is not valid JSON ({err})") from None
+        return resolver_cls.TFConfigClusterResolver()
+    if "SLURM_PROCID" in os.environ:
+        return resolver_cls.SlurmClusterResolver()
+    raise ConfigError(
+        "'distributed.strategy' is multiworker but neither TF_CONFIG nor a SLURM job environment "
+        "is set: set TF_CONFIG on every worker or launch with srun"
+    )
+
+
+def _local_worker_count(resolver) -> int:
+    try:
+        addresses = resolver.cluster_spec().job_tasks("worker")
+    except (ValueError, KeyError):
+        return 1
+    mine = addresses[int(resolver.task_id or 0)].rsplit(":", 1)[0]
+    local_names = {mine, "localhost", "127.0.0.1", socket.gethostname()}
+    return max(1, sum(1 for a in addresses if a.rsplit(":", 1)[0] in local_names))
+
+
+def make_workers(config: DistributedConfig) -> Workers:
+    """The ``Workers`` for ``config.strategy``; call before any TensorFlow op runs."""
+    if config.strategy == "horovod":
+        return HorovodWorkers(config)
+    if config.strategy in ("mirrored", "multiworker"):
+        return StrategyWorkers(config)
+    return Workers(config)

@@ -1,0 +1,47 @@
+"""Atomic file output: write to a temporary sibling, then rename, so no reader sees half a file."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
+    """Opens a temporary file beside ``path``; renames it to ``path`` only if the block succeeds.
+
+    Args:
+      path: the final file name.
+      mode: ``"w"`` (text) or ``"wb"`` (binary).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str | os.PathLike, data: Any) -> None:
+    """Writes ``data`` as indented JSON, atomically."""
+    with atomic_write(path) as f:
+        json.dump(data, f, indent=2, sort_keys=False, default=_json_default)
+        f.write("\n")
+
+
+def _json_default(value: Any) -> Any:
+    # numpy scalars and arrays show up in reports; json cannot serialise them itself.
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"cannot serialise {type(value).__name__} to JSON")
