@@ -22,7 +22,7 @@ from typing import Literal, Optional
 
 import yaml
 
-from hvdtrack.configtools import apply_overrides, check, from_mapping, to_mapping
+from hvdtrack.configtools import apply_overrides, check, from_mapping, load_yaml, to_mapping
 from hvdtrack.errors import ConfigError
 from hvdtrack.events.synthetic import SyntheticConfig
 from hvdtrack.graphs.construction import GraphConfig
@@ -100,7 +100,7 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
     try:
-        data = yaml.safe_load(text) or {}
+        data = load_yaml(text) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(data, dict):

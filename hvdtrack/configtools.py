@@ -4,13 +4,15 @@ Every stage owns the dataclass of its own section (``SyntheticConfig`` beside th
 ``ModelConfig`` beside the model, ...); ``hvdtrack.config`` composes them. This module holds the
 one mechanism that turns a nested mapping into those dataclasses, naming the offending key on error.
 
-Public symbols: ``from_mapping``, ``to_mapping``, ``apply_overrides``, ``parse_override``.
+Public symbols: ``from_mapping``, ``to_mapping``, ``apply_overrides``, ``parse_override``,
+``load_yaml``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from typing import Any, Literal, Mapping, Union
@@ -18,6 +20,29 @@ from typing import Any, Literal, Mapping, Union
 import yaml
 
 from hvdtrack.errors import ConfigError
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads ``1e-3`` as a string; configs are full of such numbers, so resolve them."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+][0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> Any:
+    """Parses YAML text (safe loader; ``1e-3`` is a float)."""
+    return yaml.load(text, Loader=_Loader)
 
 
 def from_mapping(cls: type, data: Any, where: str = "", source: str = "config") -> Any:
@@ -40,7 +65,9 @@ def from_mapping(cls: type, data: Any, where: str = "", source: str = "config") 
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{source}: '{where or '<top>'}' must be a mapping, got {_describe(data)}")
+        raise ConfigError(
+            f"{source}: '{where or '<top>'}' must be a mapping, got {_describe(data)}"
+        )
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     hints = typing.get_type_hints(cls)
     for key in data:
@@ -62,7 +89,9 @@ def from_mapping(cls: type, data: Any, where: str = "", source: str = "config") 
         return cls(**kwargs)
     except ConfigError as err:
         msg = str(err)
-        raise ConfigError(msg if msg.startswith(source) else f"{source}: {_prefix(where, msg)}") from None
+        raise ConfigError(
+            msg if msg.startswith(source) else f"{source}: {_prefix(where, msg)}"
+        ) from None
 
 
 def to_mapping(obj: Any) -> Any:
@@ -84,7 +113,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override '{text}' is not of the form section.key=value")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
+        parsed = load_yaml(value) if value.strip() else ""
     except yaml.YAMLError as err:
         raise ConfigError(f"override '{text}': value is not valid YAML ({err})") from None
     return key.split("."), parsed
@@ -130,7 +159,9 @@ def _convert(hint: Any, value: Any, key: str, source: str) -> Any:
                 return _convert(arg, value, key, source)
             except ConfigError as err:
                 errors.append(str(err))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{source}: '{key}' got {_describe(value)}")
+        raise ConfigError(
+            errors[0] if len(errors) == 1 else f"{source}: '{key}' got {_describe(value)}"
+        )
     if origin is Literal:
         if value not in args:
             raise ConfigError(
@@ -142,8 +173,12 @@ def _convert(hint: Any, value: Any, key: str, source: str) -> Any:
             raise ConfigError(f"{source}: '{key}' must be a list, got {_describe(value)}")
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(value) != len(args):
-                raise ConfigError(f"{source}: '{key}' must have {len(args)} items, got {len(value)}")
-            items = [_convert(a, v, f"{key}[{i}]", source) for i, (a, v) in enumerate(zip(args, value))]
+                raise ConfigError(
+                    f"{source}: '{key}' must have {len(args)} items, got {len(value)}"
+                )
+            items = [
+                _convert(a, v, f"{key}[{i}]", source) for i, (a, v) in enumerate(zip(args, value))
+            ]
         else:
             item = args[0] if args else Any
             items = [_convert(item, v, f"{key}[{i}]", source) for i, v in enumerate(value)]
