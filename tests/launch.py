@@ -27,10 +27,19 @@ def worker_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def horovodrun(np: int, args: list[str], controller: str = "gloo", timeout: float = 300, **env: str):
+def horovodrun(
+    np: int, args: list[str], controller: str = "gloo", timeout: float = 300, **env: str
+):
     """Runs ``horovodrun -np N --gloo|--mpi python ARGS``; returns the CompletedProcess."""
     if controller == "mpirun":
-        cmd = [shutil.which("mpirun") or "mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none"]
+        cmd = [
+            shutil.which("mpirun") or "mpirun",
+            "-np",
+            str(np),
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+        ]
         cmd += ["-x", "PYTHONPATH", "-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL"]
     else:
         cmd = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}"]

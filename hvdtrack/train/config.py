@@ -54,12 +54,32 @@ class TrainConfig:
         check(self.learning_rate > 0, "learning_rate", "must be > 0")
         check(self.warmup_epochs >= 0, "warmup_epochs", "must be >= 0")
         check(0 < self.decay_rate <= 1, "decay_rate", "must be in (0, 1]")
-        check(0 <= self.min_learning_rate_fraction <= 1, "min_learning_rate_fraction", "must be in [0, 1]")
-        check(0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1, "adam_beta1", "betas must be in [0, 1)")
-        check(self.grad_clip_norm is None or self.grad_clip_norm > 0, "grad_clip_norm", "must be > 0 or null")
-        check(self.true_weight > 0 and self.fake_weight > 0, "true_weight", "class weights must be > 0")
+        check(
+            0 <= self.min_learning_rate_fraction <= 1,
+            "min_learning_rate_fraction",
+            "must be in [0, 1]",
+        )
+        check(
+            0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1,
+            "adam_beta1",
+            "betas must be in [0, 1)",
+        )
+        check(
+            self.grad_clip_norm is None or self.grad_clip_norm > 0,
+            "grad_clip_norm",
+            "must be > 0 or null",
+        )
+        check(
+            self.true_weight > 0 and self.fake_weight > 0,
+            "true_weight",
+            "class weights must be > 0",
+        )
         check(len(self.thresholds) >= 1, "thresholds", "needs at least one threshold")
-        check(all(0 < t < 1 for t in self.thresholds), "thresholds", "must lie strictly between 0 and 1")
+        check(
+            all(0 < t < 1 for t in self.thresholds),
+            "thresholds",
+            "must lie strictly between 0 and 1",
+        )
         check(
             self.checkpoint_every_steps is None or self.checkpoint_every_steps >= 1,
             "checkpoint_every_steps",

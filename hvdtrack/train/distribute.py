@@ -204,7 +204,10 @@ class HorovodWorkers(Workers):
 def _replica_local_creator(next_creator, **kwargs):
     # As snt.distribute.Replicator: every replica owns a copy of each variable and updates it in
     # replica context; copies stay equal because every replica applies the same reduced update.
-    if kwargs.get("synchronization", tf.VariableSynchronization.AUTO) == tf.VariableSynchronization.AUTO:
+    if (
+        kwargs.get("synchronization", tf.VariableSynchronization.AUTO)
+        == tf.VariableSynchronization.AUTO
+    ):
         kwargs["synchronization"] = tf.VariableSynchronization.ON_READ
         if kwargs.get("aggregation", tf.VariableAggregation.NONE) == tf.VariableAggregation.NONE:
             kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA

@@ -65,9 +65,13 @@ class Trainer:
             self.manifest.verify_checksums(self.dataset_dir)
         self.train_edges = self.manifest.edge_counts("train")
         if len(self.train_edges) == 0:
-            raise DataError(f"{self.dataset_dir}: the train split holds no graphs; run hvdtrack prepare")
+            raise DataError(
+                f"{self.dataset_dir}: the train split holds no graphs; run hvdtrack prepare"
+            )
         tc, dc = config.train, config.distributed
-        self.global_batch = tc.batch_graphs * self.workers.num_replicas * dc.backward_passes_per_step
+        self.global_batch = (
+            tc.batch_graphs * self.workers.num_replicas * dc.backward_passes_per_step
+        )
         first_plan = self.plan(0)
         self.steps_per_epoch = first_plan.num_steps // dc.backward_passes_per_step
         if tc.max_steps_per_epoch is not None:
@@ -79,7 +83,9 @@ class Trainer:
                 f"{self.workers.num_replicas} workers x {dc.backward_passes_per_step} passes); "
                 "prepare more events or lower train.batch_graphs"
             )
-        self.learning_rate = scaled_learning_rate(tc.learning_rate, self.workers.num_replicas, tc.lr_scaling)
+        self.learning_rate = scaled_learning_rate(
+            tc.learning_rate, self.workers.num_replicas, tc.lr_scaling
+        )
         schedule = Schedule(
             peak=self.learning_rate,
             warmup_steps=int(round(tc.warmup_epochs * self.steps_per_epoch)),
@@ -87,7 +93,9 @@ class Trainer:
             decay=tc.decay,
             decay_rate=tc.decay_rate,
             min_fraction=tc.min_learning_rate_fraction,
-            warmup_start_divisor=float(self.workers.num_replicas) if tc.lr_scaling != "none" else 1.0,
+            warmup_start_divisor=float(self.workers.num_replicas)
+            if tc.lr_scaling != "none"
+            else 1.0,
         )
         self.graph_spec, self.label_spec = pipeline.input_signature()
         # Different initial weights per rank: the broadcast below, not the seed, makes them equal.
@@ -100,14 +108,21 @@ class Trainer:
             self.model(_dummy_graph(self.graph_spec))  # Sonnet creates variables lazily
             self.variables = list(self.model.trainable_variables)
             self.optimizer.build(self.variables)
-            self.accumulators = [
-                tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="accumulate")
-                for v in self.variables + [tf.constant(0.0), tf.constant(0.0)]
-            ] if dc.backward_passes_per_step > 1 else []
+            self.accumulators = (
+                [
+                    tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="accumulate")
+                    for v in self.variables + [tf.constant(0.0), tf.constant(0.0)]
+                ]
+                if dc.backward_passes_per_step > 1
+                else []
+            )
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_in_epoch")
         self.checkpoint = tf.train.Checkpoint(
-            model=self.model, optimizer=self.optimizer, epoch=self.epoch, step_in_epoch=self.step_in_epoch
+            model=self.model,
+            optimizer=self.optimizer,
+            epoch=self.epoch,
+            step_in_epoch=self.step_in_epoch,
         )
         self._build_steps()
 
@@ -132,11 +147,14 @@ class Trainer:
         def local_terms(graphs, labels):
             with tf.GradientTape() as tape:
                 logits = model(graphs)
-                loss_sum, weight_sum = weighted_bce_terms(logits, labels, tc.true_weight, tc.fake_weight)
+                loss_sum, weight_sum = weighted_bce_terms(
+                    logits, labels, tc.true_weight, tc.fake_weight
+                )
             grads = tape.gradient(loss_sum, variables)
             # Sonnet-style optimizers expect every variable: no gradient means a zero update.
             grads = [
-                tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)
+                tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                for g, v in zip(grads, variables)
             ]
             return loss_sum, weight_sum, grads
 
@@ -219,12 +237,19 @@ class Trainer:
         columns = []
         for worker in self.workers.replica_ids:
             data = pipeline.eval_dataset(
-                self.dataset_dir, self.manifest, split, worker, self.workers.num_replicas, tc.batch_graphs
+                self.dataset_dir,
+                self.manifest,
+                split,
+                worker,
+                self.workers.num_replicas,
+                tc.batch_graphs,
             )
             for graphs, labels in data:
                 scores, per_edge, weights = self._eval_step(graphs, labels)
                 columns.append(
-                    np.stack([scores.numpy(), labels.numpy(), per_edge.numpy(), weights.numpy()], axis=1)
+                    np.stack(
+                        [scores.numpy(), labels.numpy(), per_edge.numpy(), weights.numpy()], axis=1
+                    )
                 )
         local = np.concatenate(columns) if columns else np.zeros((0, 4), np.float32)
         gathered = self.workers.allgather_host(local).astype(np.float64)
@@ -241,7 +266,9 @@ class Trainer:
         if latest:
             self.checkpoint.restore(latest).assert_existing_objects_matched()
         # Whatever each rank holds now, rank 0's values win (fresh start: the random init).
-        self.workers.broadcast_variables(self.variables + self.optimizer.m + self.optimizer.v + [self.optimizer.step])
+        self.workers.broadcast_variables(
+            self.variables + self.optimizer.m + self.optimizer.v + [self.optimizer.step]
+        )
         return latest
 
     def batches(self, epoch: int, first_step: int) -> Iterator[list[tuple[Any, tf.Tensor]]]:
@@ -250,7 +277,11 @@ class Trainer:
         passes = self.config.distributed.backward_passes_per_step
         skip = first_step * passes
         iterators = [
-            iter(pipeline.train_dataset(self.dataset_dir, self.manifest, plan, worker, first_step=skip))
+            iter(
+                pipeline.train_dataset(
+                    self.dataset_dir, self.manifest, plan, worker, first_step=skip
+                )
+            )
             for worker in self.workers.replica_ids
         ]
         limit = (self.steps_per_epoch - first_step) * passes
@@ -285,7 +316,9 @@ class _Fit:
         hashed["train"].pop("run_dir", None)
         info = {
             "config_name": self.cfg.name,
-            "config_hash": hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:16],
+            "config_hash": hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[
+                :16
+            ],
             **self.workers.describe(),
             "batch_graphs": self.cfg.train.batch_graphs,
             "global_batch_graphs": self.t.global_batch,
@@ -312,15 +345,25 @@ class _Fit:
         """Step and epoch records of every rank, gathered to all (rank 0 writes them)."""
         cols = [f.name for f in dataclasses.fields(timing.StepRecord)]
         local = np.array(
-            [[np.nan if getattr(r, c) is None else float(getattr(r, c)) for c in cols] for r in self.steps],
+            [
+                [np.nan if getattr(r, c) is None else float(getattr(r, c)) for c in cols]
+                for r in self.steps
+            ],
             np.float64,
         ).reshape(-1, len(cols))
         rows = self.workers.allgather_host(local)
         steps = [
             timing.StepRecord(
                 **{
-                    c: (bool(v) if c == "warmup" else None if np.isnan(v) else
-                        int(v) if c in ("epoch", "step", "rank", "graphs", "edges") else float(v))
+                    c: (
+                        bool(v)
+                        if c == "warmup"
+                        else None
+                        if np.isnan(v)
+                        else int(v)
+                        if c in ("epoch", "step", "rank", "graphs", "edges")
+                        else float(v)
+                    )
                     for c, v in zip(cols, row)
                 }
             )
@@ -336,9 +379,15 @@ class _Fit:
         if self.chief:
             rundir.prepare(self.run_dir, cfg)
         workers.barrier()
-        manager = tf.train.CheckpointManager(t.checkpoint, str(self.ckpt_dir), max_to_keep=tc.keep_checkpoints)
+        manager = tf.train.CheckpointManager(
+            t.checkpoint, str(self.ckpt_dir), max_to_keep=tc.keep_checkpoints
+        )
         best = tf.train.CheckpointManager(t.checkpoint, str(self.best_dir), max_to_keep=1)
-        previous = timing.read_run(self.run_dir) if tc.resume and (self.run_dir / "run.json").exists() else None
+        previous = (
+            timing.read_run(self.run_dir)
+            if tc.resume and (self.run_dir / "run.json").exists()
+            else None
+        )
         restored = t.restore(self.ckpt_dir) if tc.resume else t.restore(Path("/nonexistent"))
         if restored and previous is not None:
             self.steps, self.epochs = list(previous.steps), list(previous.epochs)
@@ -373,7 +422,9 @@ class _Fit:
                 first = start_step if epoch == start_epoch else 0
                 epoch_start = time.perf_counter()
                 losses, epoch_graphs, epoch_edges = [], 0, 0
-                bar = rundir.progress(self.chief and tc.progress_bar, t.steps_per_epoch, first, epoch)
+                bar = rundir.progress(
+                    self.chief and tc.progress_bar, t.steps_per_epoch, first, epoch
+                )
                 batches = t.batches(epoch, first)
                 for step in range(first, t.steps_per_epoch):
                     if tc.profile_steps and self.chief and global_step == tc.profile_steps[0]:
@@ -400,15 +451,26 @@ class _Fit:
                             f"{manager.latest_checkpoint or 'none'}. Lower train.learning_rate or set "
                             "train.grad_clip_norm"
                         )
-                    rows = [plan.step_graphs(w, step * passes + p) for w in workers.replica_ids for p in range(passes)]
+                    rows = [
+                        plan.step_graphs(w, step * passes + p)
+                        for w in workers.replica_ids
+                        for p in range(passes)
+                    ]
                     my_graphs = sum(len(r) for r in rows)
                     my_edges = int(sum(t.train_edges[r].sum() for r in rows))
                     step_graphs = t.global_batch
                     step_edges = int(plan.step_edges(step, passes))
                     self.steps.append(
                         timing.StepRecord(
-                            epoch=epoch, step=step, rank=workers.rank, data_s=data_s, compute_s=compute_s,
-                            exchange_s=None, total_s=total_s, graphs=my_graphs, edges=my_edges,
+                            epoch=epoch,
+                            step=step,
+                            rank=workers.rank,
+                            data_s=data_s,
+                            compute_s=compute_s,
+                            exchange_s=None,
+                            total_s=total_s,
+                            graphs=my_graphs,
+                            edges=my_edges,
                             warmup=(step - first) < warmup,
                         )
                     )
@@ -424,7 +486,8 @@ class _Fit:
                             tf.summary.scalar("throughput/graphs_per_s", step_graphs / total_s)
                             tf.summary.scalar("throughput/edges_per_s", step_edges / total_s)
                             tf.summary.scalar(
-                                "throughput/edges_per_s_per_worker", step_edges / total_s / workers.num_replicas
+                                "throughput/edges_per_s_per_worker",
+                                step_edges / total_s / workers.num_replicas,
                             )
                             tf.summary.scalar("time/step_s", total_s)
                             tf.summary.scalar("time/data_wait_s", data_s)
@@ -445,8 +508,12 @@ class _Fit:
                     val_metrics = t.evaluate("val")
                 self.epochs.append(
                     timing.EpochRecord(
-                        epoch=epoch, rank=workers.rank, time_s=epoch_s, steps=t.steps_per_epoch - first,
-                        graphs=epoch_graphs, edges=epoch_edges,
+                        epoch=epoch,
+                        rank=workers.rank,
+                        time_s=epoch_s,
+                        steps=t.steps_per_epoch - first,
+                        graphs=epoch_graphs,
+                        edges=epoch_edges,
                         train_loss=float(np.mean(losses)) if losses else float("nan"),
                         val=dict(val_metrics) if val_metrics else None,
                     )
@@ -465,10 +532,15 @@ class _Fit:
                             if key != "num_edges":
                                 tf.summary.scalar(f"val/{key}", value)
                     writer.flush()
-                    print(rundir.epoch_line(epoch, tc.epochs, epoch_s, losses, val_metrics), flush=True)
+                    print(
+                        rundir.epoch_line(epoch, tc.epochs, epoch_s, losses, val_metrics),
+                        flush=True,
+                    )
                 steps, epochs = self._gather_records()
                 if self.chief:
-                    timing.write_run(self.run_dir, self._info("running", val_metrics), steps, epochs)
+                    timing.write_run(
+                        self.run_dir, self._info("running", val_metrics), steps, epochs
+                    )
         except BaseException:
             steps, epochs = self.steps, self.epochs
             if self.chief:

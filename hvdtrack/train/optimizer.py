@@ -97,8 +97,12 @@ class Adam(tf.Module):
         with self.name_scope:
             for var in variables:
                 slot = var.name.split(":")[0].replace("/", "_")
-                self.m.append(tf.Variable(tf.zeros(var.shape, var.dtype), trainable=False, name=f"m_{slot}"))
-                self.v.append(tf.Variable(tf.zeros(var.shape, var.dtype), trainable=False, name=f"v_{slot}"))
+                self.m.append(
+                    tf.Variable(tf.zeros(var.shape, var.dtype), trainable=False, name=f"m_{slot}")
+                )
+                self.v.append(
+                    tf.Variable(tf.zeros(var.shape, var.dtype), trainable=False, name=f"v_{slot}")
+                )
 
     def learning_rate(self) -> tf.Tensor:
         """The rate the next ``apply`` will use."""
@@ -107,7 +111,9 @@ class Adam(tf.Module):
     def apply(self, grads: Sequence[tf.Tensor], variables: Sequence[tf.Variable]) -> tf.Tensor:
         """Applies one update; returns the global gradient norm (before clipping)."""
         if len(grads) != len(self.m):
-            raise ValueError(f"Adam was built for {len(self.m)} variables, got {len(grads)} gradients")
+            raise ValueError(
+                f"Adam was built for {len(self.m)} variables, got {len(grads)} gradients"
+            )
         norm = tf.linalg.global_norm(grads)
         if self.clip_norm is not None:
             grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=norm)

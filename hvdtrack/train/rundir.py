@@ -13,7 +13,16 @@ from typing import Any
 from hvdtrack.config import Config, config_to_dict, dump_config
 from hvdtrack.utils.io import write_json
 
-PACKAGES = ("tensorflow", "tensorflow-cpu", "horovod", "dm-sonnet", "graph-nets", "numpy", "mpi4py", "tensorboard")
+PACKAGES = (
+    "tensorflow",
+    "tensorflow-cpu",
+    "horovod",
+    "dm-sonnet",
+    "graph-nets",
+    "numpy",
+    "mpi4py",
+    "tensorboard",
+)
 
 
 def hostname() -> str:
@@ -32,7 +41,10 @@ def versions() -> dict[str, Any]:
     try:
         revision = subprocess.run(
             ["git", "-C", str(repo), "describe", "--always", "--dirty", "--abbrev=12"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         revision = None
@@ -73,8 +85,14 @@ class _Progress:
             from tqdm import tqdm
 
             self.bar = tqdm(
-                total=total, initial=initial, desc=f"epoch {epoch}", unit="step",
-                dynamic_ncols=True, leave=False, file=sys.stderr, mininterval=1.0,
+                total=total,
+                initial=initial,
+                desc=f"epoch {epoch}",
+                unit="step",
+                dynamic_ncols=True,
+                leave=False,
+                file=sys.stderr,
+                mininterval=1.0,
             )
 
     def update(self, loss: float, edges_per_s: float) -> None:
@@ -92,7 +110,9 @@ def progress(enabled: bool, total: int, initial: int, epoch: int) -> _Progress:
     return _Progress(enabled, total, initial, epoch)
 
 
-def epoch_line(epoch: int, epochs: int, seconds: float, losses: list[float], val: dict[str, float]) -> str:
+def epoch_line(
+    epoch: int, epochs: int, seconds: float, losses: list[float], val: dict[str, float]
+) -> str:
     """One console line summarising an epoch."""
     train_loss = sum(losses) / len(losses) if losses else float("nan")
     text = f"[hvdtrack] epoch {epoch + 1}/{epochs} {seconds:.1f}s train loss {train_loss:.4f}"

@@ -10,13 +10,17 @@ pytestmark = pytest.mark.distributed
 
 
 def results(stdout: str) -> dict[int, dict]:
-    rows = [json.loads(line.split("RESULT ", 1)[1]) for line in stdout.splitlines() if "RESULT " in line]
+    rows = [
+        json.loads(line.split("RESULT ", 1)[1]) for line in stdout.splitlines() if "RESULT " in line
+    ]
     return {row["rank"]: row for row in rows}
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi", "mpirun"])
 def test_two_ranks_reduce_to_the_same_values(controller):
-    out = results(check(horovodrun(2, ["tests/distributed/allreduce_program.py"], controller, timeout=180)))
+    out = results(
+        check(horovodrun(2, ["tests/distributed/allreduce_program.py"], controller, timeout=180))
+    )
     assert sorted(out) == [0, 1]
     for rank in (0, 1):
         row = out[rank]
