@@ -3,7 +3,7 @@
 A file looks like::
 
     name: tiny
-    data: {source: synthetic, dataset_dir: data/tiny, train_events: 4, synthetic: {...}, graph: {...}}
+    data: {source: synthetic, dataset_dir: data/tiny, num_events: 8, synthetic: {...}, graph: {...}}
     model: {num_message_passing_steps: 2, ...}
     train: {epochs: 2, batch_graphs: 2, ...}
     distributed: {strategy: horovod}
@@ -37,16 +37,16 @@ from hvdtrack.utils.io import atomic_write
 class DataConfig:
     """Where events come from and how they become TFRecord graphs (``hvdtrack prepare``).
 
-    Events are split by event, never by section, so no event feeds two splits.
-    ``train_events: null`` with ``source: trackml`` takes every event not used by val/test.
+    ``num_events`` synthetic events are generated (seeded by ``seed``), or the first
+    ``num_events`` TrackML events of ``trackml_dir`` are read (null: all of them). Events are then
+    split by event (``records.split_counts`` or ``records.split_fractions``), never by section,
+    so no event feeds two splits.
     """
 
     source: Literal["synthetic", "trackml"] = "synthetic"
     trackml_dir: Optional[str] = None
     dataset_dir: str = "data/default"
-    train_events: Optional[int] = 16
-    val_events: int = 4
-    test_events: int = 0
+    num_events: Optional[int] = 20
     seed: int = 7
     workers: Optional[int] = None
     keep_csv: bool = True
@@ -61,17 +61,15 @@ class DataConfig:
             "is required when data.source is trackml (a directory of event000...-hits.csv files)",
         )
         check(
-            self.train_events is None or self.train_events >= 1,
-            "train_events",
-            "must be >= 1 (or null: all remaining TrackML events)",
+            self.num_events is None or self.num_events >= 1,
+            "num_events",
+            "must be >= 1 (or null: every TrackML event in trackml_dir)",
         )
         check(
-            self.train_events is not None or self.source == "trackml",
-            "train_events",
+            self.num_events is not None or self.source == "trackml",
+            "num_events",
             "may only be null with data.source trackml",
         )
-        check(self.val_events >= 1, "val_events", "must be >= 1 (validation runs every epoch)")
-        check(self.test_events >= 0, "test_events", "must be >= 0")
         check(self.workers is None or self.workers >= 1, "workers", "must be >= 1 or null")
 
 

@@ -22,6 +22,7 @@ venv="${HVDTRACK_VENV:-$repo/.venv}"
 tf_extra="${HVDTRACK_TF_EXTRA:-cpu}"
 wheel_cache="${HVDTRACK_WHEEL_CACHE:-$HOME/.cache/hvdtrack/wheels}"
 python_bin="${PYTHON:-python3}"
+python_bin="$(command -v "$python_bin" || echo "$python_bin")"
 
 say() { printf '[install] %s\n' "$*"; }
 die() {
@@ -38,10 +39,12 @@ else
     py="$venv/bin/python"
     stamp="$venv/.hvdtrack-install.stamp"
 fi
-fingerprint="$(cat "$repo/setup.cfg" "$repo/run_scripts/install.sh" | sha256sum | cut -c1-16)-$tf_extra"
+fingerprint="$(cat "$repo/setup.cfg" "$repo/run_scripts/install.sh" | sha256sum | cut -c1-16)-$tf_extra-${HOROVOD_GPU_OPERATIONS:-cpu}"
+# Where pip puts console scripts for this interpreter (differs from dirname(python) on Debian).
+scripts_dir() { "$py" -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null; }
 check_build() {
     local out
-    out="$("$(dirname "$py")/horovodrun" --check-build 2>&1)" || return 1
+    out="$("$(scripts_dir)/horovodrun" --check-build 2>&1)" || return 1
     for fw in TensorFlow MPI Gloo; do
         grep -q "\[X\] $fw" <<<"$out" || return 1
     done
@@ -148,7 +151,7 @@ if [ "$installed_hvd" != "$hvd_version" ] || ! check_build >/dev/null; then
         export HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1
         export HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
         export MAKEFLAGS="-j$(nproc)"
-        if ! PATH="$(dirname "$py"):$PATH" "${pip[@]}" wheel --no-deps --no-build-isolation \
+        if ! PATH="$(scripts_dir):$PATH" "${pip[@]}" wheel --no-deps --no-build-isolation \
                 --no-cache-dir -w "$cache_dir.tmp" "horovod==$hvd_version" >"$cache_dir.log" 2>&1; then
             echo "----- last 40 lines of $cache_dir.log -----" >&2
             tail -n 40 "$cache_dir.log" >&2
@@ -165,7 +168,7 @@ if [ "$installed_hvd" != "$hvd_version" ] || ! check_build >/dev/null; then
 fi
 
 if ! out="$(check_build)"; then
-    "$(dirname "$py")/horovodrun" --check-build >&2 || true
+    "$(scripts_dir)/horovodrun" --check-build >&2 || true
     [ -f "$cache_dir.log" ] && tail -n 40 "$cache_dir.log" >&2
     die "horovodrun --check-build does not list TensorFlow, MPI and Gloo" \
         "remove $cache_dir and run again to rebuild Horovod; the build log tail is above"

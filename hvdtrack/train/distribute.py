@@ -35,6 +35,15 @@ def _cpu_threads() -> int:
         return os.cpu_count() or 1
 
 
+def _threads_per_process(processes_on_host: int) -> int:
+    """Cores for one of ``processes_on_host`` workers: a launcher that bound this process to a
+    subset of the cores (srun --cpu-bind, mpirun --bind-to) already divided them."""
+    available = _cpu_threads()
+    if available < (os.cpu_count() or available):
+        return available
+    return max(1, available // processes_on_host)
+
+
 def _set_threads(threads: int) -> None:
     # Must run before TensorFlow's runtime starts (before the first op).
     tf.config.threading.set_intra_op_parallelism_threads(threads)
@@ -148,7 +157,7 @@ class HorovodWorkers(Workers):
                 )
             tf.config.set_visible_devices(gpus[self.local_rank], "GPU")
             tf.config.experimental.set_memory_growth(gpus[self.local_rank], True)
-        self.threads = config.threads_per_worker or max(1, _cpu_threads() // hvd.local_size())
+        self.threads = config.threads_per_worker or _threads_per_process(hvd.local_size())
         _set_threads(self.threads)
         self._op = hvd.Adasum if config.reduce_op == "adasum" else hvd.Sum
         self._compression = (
@@ -224,7 +233,7 @@ class StrategyWorkers(Workers):
         if config.strategy == "multiworker":
             resolver = _cluster_resolver()
             hosts_here = _local_worker_count(resolver)
-            self.threads = config.threads_per_worker or max(1, _cpu_threads() // hosts_here)
+            self.threads = config.threads_per_worker or _threads_per_process(hosts_here)
             _set_threads(self.threads)
             self.strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
             self.rank = int(resolver.task_id or 0)
@@ -316,7 +325,11 @@ def _cluster_resolver():
             raise ConfigError(f"TF_CONFIG is not valid JSON ({err})") from None
         return resolver_cls.TFConfigClusterResolver()
     if "SLURM_PROCID" in os.environ:
-        return resolver_cls.SlurmClusterResolver()
+        if tf.config.list_physical_devices("GPU"):
+            return resolver_cls.SlurmClusterResolver()
+        # On CPU nodes the resolver would call nvidia-smi; tell it there is nothing to pin.
+        tasks = int(os.environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0] or 1)
+        return resolver_cls.SlurmClusterResolver(gpus_per_node=tasks, gpus_per_task=1, auto_set_gpu=False)
     raise ConfigError(
         "'distributed.strategy' is multiworker but neither TF_CONFIG nor a SLURM job environment "
         "is set: set TF_CONFIG on every worker or launch with srun"

@@ -1,0 +1,243 @@
+"""``python -m hvdtrack.prepare --config FILE``: events -> hit graphs -> TFRecord shards + manifest.
+
+Events come from the synthetic detector (written as TrackML CSV files first, so the reader path is
+the one exercised) or from a TrackML directory. Events are processed in parallel; one writer in
+this process shards the graphs. The dataset is built in a temporary sibling directory and moved
+into place only when complete, so a failure never leaves a half-written dataset or loses the old one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+from hvdtrack.cli import guarded, quiet_tensorflow
+from hvdtrack.config import Config, DataConfig, config_to_dict, load_config
+from hvdtrack.configtools import to_mapping
+from hvdtrack.errors import DataError
+from hvdtrack.events import synthetic, trackml
+from hvdtrack.graphs.construction import build_hit_graphs
+from hvdtrack.graphs.report import ConstructionReport
+from hvdtrack.records.shards import DatasetWriter, EncodedGraph, encode_graph, split_events
+from hvdtrack.utils.io import atomic_write, write_json
+
+PREPARE_INFO = "prepare.json"
+FIRST_EVENT_ID = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """One event to turn into graphs (picklable, for worker processes)."""
+
+    data: DataConfig
+    event_id: int
+    prefix: str | None  # a TrackML event to read; None: generate it into csv_dir first
+    csv_dir: str
+
+
+def _process_event(job: _Job) -> tuple[int, list[EncodedGraph], list[int]]:
+    """Reads (or generates, writes and reads back) one event and builds its encoded graphs."""
+    prefix = job.prefix
+    if prefix is None:
+        event = synthetic.generate_event(job.data.synthetic, job.event_id, job.data.seed)
+        prefix = trackml.write_event(event, job.csv_dir)
+    event = trackml.read_event(prefix)
+    graphs = build_hit_graphs(event, job.data.graph)
+    return job.event_id, [encode_graph(g) for g in graphs], [g.num_true_segments for g in graphs]
+
+
+def _event_jobs(data: DataConfig, csv_dir: Path) -> list[_Job]:
+    if data.source == "synthetic":
+        ids = range(FIRST_EVENT_ID, FIRST_EVENT_ID + data.num_events)
+        return [_Job(data, i, None, str(csv_dir)) for i in ids]
+    prefixes = trackml.find_events(data.trackml_dir)
+    if data.num_events is not None:
+        if len(prefixes) < data.num_events:
+            raise DataError(
+                f"{data.trackml_dir}: 'data.num_events' asks for {data.num_events} events but the "
+                f"directory holds {len(prefixes)}"
+            )
+        prefixes = prefixes[: data.num_events]
+    return [_Job(data, trackml.event_id_from_prefix(p), p, str(csv_dir)) for p in prefixes]
+
+
+def _fingerprint(config: Config) -> dict:
+    data = to_mapping(config.data)
+    data.pop("workers", None)  # how many processes built it does not change the dataset
+    return data
+
+
+def up_to_date(config: Config) -> bool:
+    """True when ``data.dataset_dir`` holds a complete dataset built from this data config."""
+    info = Path(config.data.dataset_dir) / PREPARE_INFO
+    try:
+        return json.loads(info.read_text()).get("data") == _fingerprint(config)
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def prepare(config: Config, force: bool = False, progress: bool = True) -> dict:
+    """Builds the dataset of ``config.data``; returns the construction report (per split and all).
+
+    Raises:
+      DataError / ConfigError: bad input events or settings; nothing is left half-written.
+    """
+    data = config.data
+    target = Path(data.dataset_dir)
+    if not force and up_to_date(config):
+        report = json.loads((target / PREPARE_INFO).read_text())["report"]
+        print(f"[prepare] {target} is up to date (same data config); --force rebuilds it", flush=True)
+        return report
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        report = _build(config, staging, progress)
+        _swap_into_place(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return report
+
+
+def _build(config: Config, out: Path, progress: bool) -> dict:
+    data = config.data
+    csv_dir = out / "events"
+    jobs = _event_jobs(data, csv_dir)
+    splits = split_events([j.event_id for j in jobs], data.records)
+    split_of = {int(e): name for name, ids in splits.items() for e in ids}
+    jobs = [j for j in jobs if j.event_id in split_of]
+    workers = min(data.workers or os.cpu_count() or 1, len(jobs))
+    started = time.perf_counter()
+    counts: dict[str, list[list[int]]] = {name: [[], [], [], []] for name in splits}
+    bar = _bar(progress, len(jobs))
+    with DatasetWriter(out, data.records) as writer:
+        for event_id, encoded, segments in _run(jobs, workers):
+            split = split_of[event_id]
+            for graph, num_segments in zip(encoded, segments):
+                writer.add(split, graph)
+                for column, value in zip(
+                    counts[split],
+                    (graph.info.num_nodes, graph.info.num_edges, graph.info.num_true_edges, num_segments),
+                ):
+                    column.append(value)
+            bar.update(1)
+        bar.close()
+        manifest = writer.finish()
+    elapsed = time.perf_counter() - started
+    if not data.keep_csv:
+        shutil.rmtree(csv_dir, ignore_errors=True)
+    per_split = {name: ConstructionReport.from_counts(*c) for name, c in counts.items() if c[0]}
+    total = ConstructionReport.merge(per_split.values())
+    report = {
+        "dataset_dir": str(Path(data.dataset_dir)),
+        "source": data.source,
+        "events": len(jobs),
+        "events_per_split": {name: int(len(ids)) for name, ids in splits.items()},
+        "seconds": round(elapsed, 3),
+        "events_per_second": round(len(jobs) / elapsed, 3) if elapsed > 0 else None,
+        "workers": workers,
+        "all": total.to_dict(),
+        "splits": {name: r.to_dict() for name, r in per_split.items()},
+        "shards": len(manifest.shards) if hasattr(manifest, "shards") else None,
+    }
+    markdown = _markdown(report, per_split, total, data)
+    with atomic_write(out / "report.md") as f:
+        f.write(markdown)
+    write_json(out / "report.json", report)
+    write_json(out / PREPARE_INFO, {"data": _fingerprint(config), "report": report, "config": config_to_dict(config)})
+    print(markdown, flush=True)
+    return report
+
+
+def _run(jobs: list[_Job], workers: int):
+    if workers <= 1:
+        yield from map(_process_event, jobs)
+        return
+    # Workers only run numpy/pandas: forking is safe (no TensorFlow op has run in this process).
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    with context.Pool(workers) as pool:
+        yield from pool.imap(_process_event, jobs, chunksize=1)
+
+
+def _swap_into_place(staging: Path, target: Path) -> None:
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        target.rename(old)
+    staging.rename(target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(enabled: bool, total: int):
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="prepare", unit="event", file=sys.stderr, dynamic_ncols=True)
+
+
+def _markdown(report: dict, per_split: dict, total: ConstructionReport, data: DataConfig) -> str:
+    g = data.graph
+    lines = [
+        f"# Dataset {report['dataset_dir']}",
+        "",
+        f"{report['events']} {data.source} events -> {total.num_graphs} graphs in "
+        f"{report['seconds']:.1f} s ({report['events_per_second']} events/s, {report['workers']} workers).",
+        f"Cuts: pT > {g.pt_min} GeV, {'barrel only' if g.barrel_only else 'whole detector'}, "
+        f"|dphi/dr| < {g.phi_slope_max}, |z0| < {g.z0_max} mm, "
+        f"{g.n_phi_sections} x {g.n_eta_sections} sections.",
+        "",
+        "| split | graphs | nodes mean | nodes max | edges mean | edges max | efficiency | purity |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in [*per_split.items(), ("all", total)]:
+        lines.append(
+            f"| {name} | {r.num_graphs} | {r.nodes_mean:.0f} | {r.nodes_max} | {r.edges_mean:.0f} | "
+            f"{r.edges_max} | {r.efficiency:.4f} | {r.purity:.4f} |"
+        )
+    lines += [
+        "",
+        "efficiency = true segments kept by the cuts / all true consecutive segments; "
+        "purity = true edges / edges.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hvdtrack prepare", description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="YAML run configuration (configs/*.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
+    p.add_argument("--force", action="store_true", help="rebuild even if the dataset is up to date")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    quiet_tensorflow()
+    config = load_config(args.config, args.overrides)
+    prepare(config, force=args.force, progress=not args.no_progress)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(guarded(main))
