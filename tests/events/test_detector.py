@@ -1,0 +1,69 @@
+"""The TrackML geometry constants and the global layer index."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hvdtrack.events import detector
+
+
+def test_barrel_layers_match_the_physics_table():
+    table = [(b.volume_id, b.layer_id, b.radius, b.half_length) for b in detector.BARREL_LAYERS]
+    assert table == [
+        (8, 2, 32.0, 500.0),
+        (8, 4, 72.0, 500.0),
+        (8, 6, 116.0, 500.0),
+        (8, 8, 172.0, 500.0),
+        (13, 2, 260.0, 1140.0),
+        (13, 4, 360.0, 1140.0),
+        (13, 6, 500.0, 1140.0),
+        (13, 8, 660.0, 1140.0),
+        (17, 2, 820.0, 1140.0),
+        (17, 4, 1020.0, 1140.0),
+    ]
+    assert detector.BARREL_VOLUMES == (8, 13, 17)
+
+
+def test_endcap_disks_match_the_physics_table():
+    disks = {(d.volume_id, d.layer_id): (d.z, d.r_min, d.r_max) for d in detector.ENDCAP_DISKS}
+    assert len(disks) == 38
+    assert disks[(7, 2)] == (-600.0, 25.0, 200.0)  # layer 2 is the disk nearest z = 0
+    assert disks[(9, 14)] == (1500.0, 25.0, 200.0)
+    assert disks[(12, 12)] == (-2950.0, 235.0, 730.0)
+    assert disks[(14, 2)] == (1220.0, 235.0, 730.0)
+    assert disks[(16, 4)] == (-1500.0, 750.0, 1050.0)
+    assert disks[(18, 12)] == (2950.0, 750.0, 1050.0)
+
+
+def test_layer_index_orders_barrel_first_then_endcaps():
+    volume = np.array([8, 8, 13, 17, 7, 7, 9, 18])
+    layer = np.array([2, 8, 2, 4, 2, 14, 2, 12])
+    np.testing.assert_array_equal(detector.layer_index(volume, layer), [0, 3, 4, 9, 10, 16, 17, 47])
+    assert detector.NUM_LAYERS == 48 and detector.NUM_BARREL_LAYERS == 10
+    assert [layer.index for layer in detector.LAYERS] == list(range(48))
+
+
+def test_layer_index_marks_unknown_pairs():
+    # odd layer id, layer beyond the volume, unknown volume, negative values
+    volume = np.array([8, 8, 99, 10, -1, 17])
+    layer = np.array([3, 10, 2, 2, 2, 6])
+    np.testing.assert_array_equal(detector.layer_index(volume, layer), [-1] * 6)
+
+
+def test_layer_columns_describe_each_surface():
+    i = detector.layer_index(np.array([13, 14]), np.array([6, 4]))
+    np.testing.assert_array_equal(detector.LAYER_IS_BARREL[i], [True, False])
+    np.testing.assert_array_equal(detector.LAYER_R_MIN[i], [500.0, 235.0])
+    np.testing.assert_array_equal(detector.LAYER_R_MAX[i], [500.0, 730.0])
+    np.testing.assert_array_equal(detector.LAYER_Z_MIN[i], [-1140.0, 1500.0])
+    np.testing.assert_array_equal(detector.LAYER_Z_MAX[i], [1140.0, 1500.0])
+
+
+def test_module_id_separates_distant_hits_and_groups_close_ones():
+    layer = np.zeros(3, dtype=np.int64)  # pixel barrel r = 32
+    x = np.array([32.0, 31.99, -32.0])
+    y = np.array([0.0, 0.3, 0.0])
+    z = np.array([0.0, 1.0, 400.0])
+    module = detector.module_id(layer, x, y, z)
+    assert (module >= 1).all()
+    assert module[0] == module[1] != module[2]

@@ -1,0 +1,130 @@
+"""The synthetic generator: determinism, hits on the detector surfaces, helix geometry, truth."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from hvdtrack.errors import ConfigError
+from hvdtrack.events import detector
+from hvdtrack.events.synthetic import SyntheticConfig, generate_dataset, generate_event
+from hvdtrack.events.trackml import COLUMNS, find_events, read_event
+
+from .conftest import SMALL
+
+
+def _frames(event):
+    return event.hits, event.truth, event.particles
+
+
+def test_same_seed_and_event_give_identical_frames():
+    first, second = generate_event(SMALL, 1000, seed=3), generate_event(SMALL, 1000, seed=3)
+    for a, b in zip(_frames(first), _frames(second)):
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
+
+
+def test_seed_and_event_id_change_the_event():
+    base = generate_event(SMALL, 1000, seed=3)
+    for other in (generate_event(SMALL, 1000, seed=4), generate_event(SMALL, 1001, seed=3)):
+        assert not base.particles[["px", "py", "pz"]].equals(other.particles[["px", "py", "pz"]])
+
+
+def test_frames_have_the_trackml_columns_and_ids(small_event):
+    for part in ("hits", "truth", "particles"):
+        frame = getattr(small_event, part)
+        assert list(frame.columns) == list(COLUMNS[part])
+        assert frame.dtypes.astype(str).to_dict() == COLUMNS[part]
+    hits, truth = small_event.hits, small_event.truth
+    np.testing.assert_array_equal(hits.hit_id, np.arange(1, len(hits) + 1))
+    np.testing.assert_array_equal(truth.hit_id, hits.hit_id)
+    assert small_event.cells is None
+
+
+def test_hits_and_true_positions_lie_on_their_surfaces(small_event):
+    hits, truth = small_event.hits, small_event.truth
+    layer = detector.layer_index(hits.volume_id, hits.layer_id)
+    assert (layer >= 0).all()
+    barrel = detector.LAYER_IS_BARREL[layer]
+    for x, y, z in ((hits.x, hits.y, hits.z), (truth.tx, truth.ty, truth.tz)):
+        r = np.hypot(x.to_numpy(np.float64), y.to_numpy(np.float64))
+        z = z.to_numpy(np.float64)
+        np.testing.assert_allclose(r[barrel], detector.LAYER_R_MIN[layer][barrel], atol=1e-3)
+        assert (np.abs(z[barrel]) <= detector.LAYER_Z_MAX[layer][barrel] + 1e-3).all()
+        np.testing.assert_array_equal(z[~barrel], detector.LAYER_Z_MIN[layer][~barrel])
+        assert (r[~barrel] >= detector.LAYER_R_MIN[layer][~barrel] - 1e-3).all()
+        assert (r[~barrel] <= detector.LAYER_R_MAX[layer][~barrel] + 1e-3).all()
+
+
+def test_weights_nhits_and_noise(small_event):
+    truth, particles = small_event.truth, small_event.particles
+    noise = truth.particle_id == 0
+    assert truth.weight[~noise].sum() == pytest.approx(1.0, abs=1e-5)
+    assert (truth.weight[noise] == 0).all() and (truth.weight[~noise] > 0).all()
+    assert noise.mean() == pytest.approx(SMALL.noise_fraction, abs=0.01)
+    counts = truth.particle_id[~noise].value_counts()
+    nhits = particles.set_index("particle_id").nhits
+    np.testing.assert_array_equal(nhits.reindex(counts.index), counts)
+    assert nhits.drop(counts.index).eq(0).all()
+    assert set(truth.particle_id[~noise]) <= set(particles.particle_id)
+
+
+def test_hit_count_and_pt_spectrum_are_roughly_right():
+    cfg = SyntheticConfig(num_particles=2000)
+    event = generate_event(cfg, 1000, seed=1)
+    pt = np.hypot(event.particles.px, event.particles.py)
+    assert 0.07 < (pt > 1.0).mean() < 0.13  # physics.md: roughly 10% above 1 GeV
+    assert pt.min() >= cfg.pt_min * (1 - 1e-6)
+    # about 9 hits per particle plus 10% noise (the default event: ~100k hits for 10k particles)
+    assert 16_000 < len(event.hits) < 24_000
+
+
+def test_unscattered_hits_follow_the_helix_up_to_the_turning_point():
+    cfg = SyntheticConfig(
+        num_particles=300,
+        pt_min=0.1,
+        material_x0=1e-12,
+        resolution_pixel=(0.0, 0.0),
+        resolution_short_strip=(0.0, 0.0),
+        resolution_long_strip=(0.0, 0.0),
+        noise_fraction=0.0,
+    )
+    event = generate_event(cfg, 7, seed=11)
+    hits = event.hits.merge(event.truth, on="hit_id").merge(event.particles, on="particle_id")
+    pt = np.hypot(hits.px, hits.py).to_numpy(np.float64)
+    radius = pt / (0.3 * cfg.field_tesla) * 1000.0
+    h = -np.sign(hits.q.to_numpy())
+    phi0 = np.arctan2(hits.py, hits.px).to_numpy(np.float64)
+    cx = hits.vx - h * radius * np.sin(phi0)
+    cy = hits.vy + h * radius * np.cos(phi0)
+    # On the circle through the vertex ...
+    np.testing.assert_allclose(np.hypot(hits.x - cx, hits.y - cy), radius, rtol=1e-4, atol=2e-3)
+    # ... with z linear in the turned angle, which never exceeds half a turn.
+    chord = np.hypot(hits.x - hits.vx, hits.y - hits.vy).to_numpy(np.float64)
+    turned = 2 * np.arcsin(np.clip(chord / (2 * radius), 0, 1))
+    np.testing.assert_allclose(
+        hits.z - hits.vz, radius * turned * hits.pz / pt, atol=0.05, rtol=1e-4
+    )
+    assert (pt < 0.3).any()  # loopers were simulated
+
+
+def test_barrel_only_simulates_only_barrel_volumes():
+    event = generate_event(SyntheticConfig(num_particles=100, barrel_only=True), 1, seed=0)
+    assert set(event.hits.volume_id) <= {8, 13, 17}
+
+
+def test_generate_dataset_writes_readable_events(tmp_path):
+    prefixes = generate_dataset(SMALL, tmp_path, num_events=2, seed=5, compress=True)
+    assert prefixes == find_events(tmp_path)
+    assert prefixes[0].endswith("event000001000") and prefixes[1].endswith("event000001001")
+    event = read_event(prefixes[1])
+    expected = generate_event(SMALL, 1001, seed=5)
+    pd.testing.assert_frame_equal(event.hits, expected.hits, check_exact=True)
+    pd.testing.assert_frame_equal(event.truth, expected.truth, check_exact=True)
+
+
+def test_config_refuses_bad_values():
+    with pytest.raises(ConfigError, match=r"'layer_efficiency' must be in \(0, 1\]"):
+        SyntheticConfig(layer_efficiency=1.5)
+    with pytest.raises(ConfigError, match="'pt_max' must be > pt_min"):
+        SyntheticConfig(pt_min=2.0, pt_max=1.0)

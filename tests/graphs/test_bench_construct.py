@@ -1,0 +1,23 @@
+"""The construction benchmark runs end to end on a small event and prints its figures."""
+
+from __future__ import annotations
+
+import json
+
+from hvdtrack.bench import construct
+
+
+def test_benchmark_prints_and_records_every_figure(tmp_path, capsys):
+    out = tmp_path / "construct.json"
+    assert construct.main(["--num-particles", "200", "--repeats", "1", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    for name in (
+        "generate_event",
+        "write_event (csv.gz)",
+        "read_event (csv)",
+        *construct.CONSTRUCTIONS,
+    ):
+        assert name in text
+    records = json.loads(out.read_text())
+    assert set(records["graphs"]) == set(construct.CONSTRUCTIONS)
+    assert all(len(seconds) == 1 for seconds in records["timings"].values())
