@@ -1,0 +1,210 @@
+"""Scaling maths as pure functions: step statistics, epoch time, speedup, efficiency, cost, energy.
+
+Definitions (t1: time on 1 worker, tN: time on N workers):
+
+- speedup = t1 / tN; strong-scaling efficiency = t1 / (N * tN) (fixed global batch and data);
+  weak-scaling efficiency = t1 / tN (fixed work per worker, so ideal tN = t1).
+- A synchronous step is gated by its slowest rank: the time of step (epoch, step) is the
+  maximum over ranks, and the time of an epoch the maximum of the ranks' epoch times.
+- ``epoch_time``: the median over epochs after the first ``warmup_epochs`` (tracing, caches)
+  of those epoch times; a run with no more epochs than that uses all of them (the report notes it).
+- Step statistics leave out steps any rank marked warm-up.
+- cost per epoch = devices * epoch hours * price per device-hour; energy per epoch = mean
+  power of the run's devices * epoch seconds.
+
+Public symbols: ``step_statistics``, ``step_times``, ``epoch_times``, ``epoch_time``,
+``epoch_time_includes_warmup``, ``epoch_work``, ``speedup``, ``strong_efficiency``,
+``weak_efficiency``, ``throughput``, ``throughput_per_worker``, ``cost_per_epoch``,
+``energy_per_epoch``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from hvdtrack.errors import DataError
+from hvdtrack.scaling.timing import Run
+
+STEP_FIELDS = ("data_s", "compute_s", "exchange_s", "total_s")
+
+
+def step_statistics(values: Sequence[float] | np.ndarray) -> dict[str, float]:
+    """Summary of a sample of times.
+
+    Args:
+      values: float array [n], n >= 1.
+
+    Returns:
+      ``{"mean", "std", "min", "max", "median", "count"}``; ``std`` is the sample standard
+      deviation (ddof=1), 0.0 for a single value.
+
+    Raises:
+      DataError: ``values`` is empty (e.g. every step was warm-up).
+    """
+    x = np.asarray(values, dtype=np.float64).ravel()
+    if x.size == 0:
+        raise DataError(
+            "no timing values to summarise (are all steps marked warm-up? "
+            "lower scaling.timing_warmup_steps or run more steps)"
+        )
+    return {
+        "mean": float(x.mean()),
+        "std": float(x.std(ddof=1)) if x.size > 1 else 0.0,
+        "min": float(x.min()),
+        "max": float(x.max()),
+        "median": float(np.median(x)),
+        "count": int(x.size),
+    }
+
+
+def step_times(run: Run, field: str = "total_s", include_warmup: bool = False) -> np.ndarray:
+    """Per-step times of a run, the slowest rank's for each step.
+
+    Args:
+      run: the run.
+      field: "total_s", "data_s", "compute_s" or "exchange_s" (steps where the exchange was not
+        measured are left out for "exchange_s").
+      include_warmup: keep steps that any rank marked warm-up.
+
+    Returns:
+      float64 [num_steps], ordered by (epoch, step).
+    """
+    if field not in STEP_FIELDS:
+        raise ValueError(f"field must be one of {', '.join(STEP_FIELDS)}, got {field!r}")
+    if not run.steps:
+        return np.zeros(0)
+    epoch = np.array([r.epoch for r in run.steps], dtype=np.int64)
+    step = np.array([r.step for r in run.steps], dtype=np.int64)
+    warm = np.array([r.warmup for r in run.steps], dtype=bool)
+    raw = [getattr(r, field) for r in run.steps]
+    measured = np.array([v is not None for v in raw], dtype=bool)
+    value = np.array([np.nan if v is None else v for v in raw], dtype=np.float64)
+
+    keys, inverse = np.unique(np.stack([epoch, step], axis=1), axis=0, return_inverse=True)
+    inverse = inverse.ravel()
+    slowest = np.full(len(keys), -np.inf)
+    np.maximum.at(slowest, inverse[measured], value[measured])
+    any_warm = np.zeros(len(keys), dtype=bool)
+    np.logical_or.at(any_warm, inverse, warm)
+    keep = np.isfinite(slowest) & (include_warmup | ~any_warm)
+    return slowest[keep]
+
+
+def epoch_times(run: Run) -> np.ndarray:
+    """Time of each epoch: the maximum over ranks of the ranks' epoch times.
+
+    Returns:
+      float64 [num_epochs], ordered by epoch index.
+    """
+    if not run.epochs:
+        return np.zeros(0)
+    epoch = np.array([r.epoch for r in run.epochs], dtype=np.int64)
+    time_s = np.array([r.time_s for r in run.epochs], dtype=np.float64)
+    index, inverse = np.unique(epoch, return_inverse=True)
+    slowest = np.full(len(index), -np.inf)
+    np.maximum.at(slowest, inverse.ravel(), time_s)
+    return slowest
+
+
+def epoch_time(run: Run, warmup_epochs: int = 1) -> float:
+    """The run's time per epoch: the median of ``epoch_times`` after ``warmup_epochs`` epochs.
+
+    When the run has no more than ``warmup_epochs`` epochs, all of them are used (see
+    ``epoch_time_includes_warmup``).
+
+    Raises:
+      DataError: the run has no epoch records.
+    """
+    times = epoch_times(run)
+    if times.size == 0:
+        raise DataError(
+            f"{run.path}: no epoch records in timing.jsonl; did the run finish an epoch?"
+        )
+    kept = times[warmup_epochs:] if times.size > warmup_epochs else times
+    return float(np.median(kept))
+
+
+def epoch_time_includes_warmup(run: Run, warmup_epochs: int = 1) -> bool:
+    """True when ``epoch_time`` had to use warm-up epochs (the run is too short)."""
+    return warmup_epochs > 0 and len({r.epoch for r in run.epochs}) <= warmup_epochs
+
+
+def epoch_work(run: Run, warmup_epochs: int = 1) -> dict[str, float]:
+    """Graphs, edges and steps of one epoch, summed over ranks (median over the timed epochs).
+
+    Returns:
+      ``{"graphs", "edges", "steps"}``; steps are per rank (the maximum over ranks).
+    """
+    if not run.epochs:
+        raise DataError(
+            f"{run.path}: no epoch records in timing.jsonl; did the run finish an epoch?"
+        )
+    epoch = np.array([r.epoch for r in run.epochs], dtype=np.int64)
+    index, inverse = np.unique(epoch, return_inverse=True)
+    inverse = inverse.ravel()
+    totals = {}
+    for name in ("graphs", "edges"):
+        per_epoch = np.zeros(len(index))
+        np.add.at(per_epoch, inverse, np.array([getattr(r, name) for r in run.epochs], dtype=float))
+        totals[name] = per_epoch
+    steps = np.zeros(len(index))
+    np.maximum.at(steps, inverse, np.array([r.steps for r in run.epochs], dtype=float))
+    totals["steps"] = steps
+    first = warmup_epochs if len(index) > warmup_epochs else 0
+    return {name: float(np.median(v[first:])) for name, v in totals.items()}
+
+
+def speedup(t1: float, tn: float) -> float:
+    """t1 / tN."""
+    _positive(t1=t1, tn=tn)
+    return t1 / tn
+
+
+def strong_efficiency(t1: float, tn: float, n: int) -> float:
+    """Strong-scaling efficiency t1 / (N * tN): 1 when N workers are N times faster."""
+    _positive(t1=t1, tn=tn, n=n)
+    return t1 / (n * tn)
+
+
+def weak_efficiency(t1: float, tn: float) -> float:
+    """Weak-scaling efficiency t1 / tN: 1 when N workers do N times the work in the same time."""
+    _positive(t1=t1, tn=tn)
+    return t1 / tn
+
+
+def throughput(items: float, seconds: float) -> float:
+    """Items (graphs, edges) per second over all workers."""
+    _positive(seconds=seconds)
+    return items / seconds
+
+
+def throughput_per_worker(items: float, seconds: float, num_workers: int) -> float:
+    """Items per second per worker."""
+    _positive(seconds=seconds, num_workers=num_workers)
+    return items / seconds / num_workers
+
+
+def cost_per_epoch(devices: int, epoch_s: float, price_per_device_hour: float) -> float:
+    """Dollars per epoch: devices x epoch hours x price per device-hour."""
+    _positive(devices=devices)
+    if epoch_s < 0 or price_per_device_hour < 0:
+        raise ValueError(
+            "epoch_s and price_per_device_hour must be >= 0, "
+            f"got {epoch_s}, {price_per_device_hour}"
+        )
+    return devices * (epoch_s / 3600.0) * price_per_device_hour
+
+
+def energy_per_epoch(power_watts: float, epoch_s: float) -> float:
+    """Joules per epoch from the mean power of all the run's devices (W) and the epoch time (s)."""
+    if power_watts < 0 or epoch_s < 0:
+        raise ValueError(f"power_watts and epoch_s must be >= 0, got {power_watts}, {epoch_s}")
+    return power_watts * epoch_s
+
+
+def _positive(**values: float) -> None:
+    for name, value in values.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")

@@ -1,0 +1,316 @@
+"""Efficiency beyond this machine: a ring-allreduce cost model fed by the measured step time.
+
+Model (no overlap of compute and communication, one fused allreduce of all gradients per step,
+as Horovod's tensor fusion does for models of this size):
+
+- ring allreduce of B bytes over N workers: t(N) = 2(N-1)/N * B / bandwidth + 2(N-1) * latency
+- strong scaling (global batch fixed): step(N) = t_c / N + t(N); efficiency = t_c / (N step(N))
+- weak scaling (batch per worker fixed): step(N) = t_c + t(N);     efficiency = t_c / step(N)
+
+where t_c is the single-worker step time without the exchange (median of non-warm-up steps of
+the N=1 run) and B the gradient bytes of the model. The strong-scaling model also assumes the
+per-worker compute shrinks as 1/N, which stops holding once batches get small or workers share
+cores; ``validate_against`` measures how far off the model is on the runs made here.
+
+Public symbols: ``NetworkModel``, ``PRESETS``, ``Prediction``, ``Validation``,
+``DEFAULT_NS``, ``ring_allreduce_time``, ``predict_scaling``, ``fit_ring_model``,
+``network_from_config``, ``baseline_inputs``, ``validate_against``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+
+from hvdtrack.errors import ConfigError, DataError
+from hvdtrack.scaling import maths
+from hvdtrack.scaling.config import ScalingConfig
+from hvdtrack.scaling.timing import Run
+
+DEFAULT_NS = (8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkModel:
+    """A link for the ring model: bandwidth in gigabits/s (per direction), latency in us."""
+
+    name: str
+    bandwidth_gbps: float
+    latency_us: float
+    note: str = ""
+
+    def __post_init__(self):
+        if not self.bandwidth_gbps > 0 or not self.latency_us >= 0:
+            raise ConfigError(
+                f"network '{self.name}': bandwidth_gbps must be > 0 and latency_us >= 0, "
+                f"got {self.bandwidth_gbps} and {self.latency_us}"
+            )
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.bandwidth_gbps * 1e9 / 8
+
+
+PRESETS: dict[str, NetworkModel] = {
+    "nvlink": NetworkModel(
+        "nvlink", 2400.0, 3.0, "NVLink 3 through NVSwitch (A100: 300 GB/s per direction)"
+    ),
+    "infiniband-hdr": NetworkModel(
+        "infiniband-hdr", 200.0, 2.0, "InfiniBand HDR, one 200 Gb/s port per node, MPI latency"
+    ),
+    "ethernet-25g": NetworkModel("ethernet-25g", 25.0, 25.0, "25 Gb Ethernet with TCP"),
+    # Fitted with fit_ring_model to Horovod 0.28.1 Gloo allreduces between 2 ranks on this 2-core
+    # VM (eager hvd.allreduce of 4 KiB, 64 KiB, 1, 4, 16 MiB, median of 10: 4.33, 4.02, 5.97,
+    # 11.9, 30.3 ms); the fit gives 5.15 Gb/s and 2217 us. The "latency" is mostly Horovod's
+    # background cycle and eager dispatch, not the wire. (MPI on 2 shared cores was noisier.)
+    "shared-memory": NetworkModel(
+        "shared-memory",
+        5.15,
+        2217.0,
+        "measured here: Horovod Gloo over loopback between 2 processes on one host",
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """The modelled step of N workers.
+
+    Attributes:
+      n: workers.
+      compute_s: per-worker compute per step (t_c, or t_c / N for strong scaling).
+      allreduce_s: ring allreduce time t(N).
+      step_s: compute_s + allreduce_s.
+      efficiency: strong or weak scaling efficiency.
+    """
+
+    n: int
+    compute_s: float
+    allreduce_s: float
+    step_s: float
+    efficiency: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Validation:
+    """A measured run against the model's prediction for it.
+
+    Attributes:
+      n: workers of the measured run.
+      network: name of the network model used.
+      predicted_step_s, measured_step_s: step times (median, slowest rank).
+      predicted_efficiency, measured_efficiency: step-time-based efficiency.
+      relative_error: (predicted - measured) / measured efficiency.
+      predicted_allreduce_s: the model's t(N).
+      measured_exchange_s: median measured exchange time, None when not measured.
+    """
+
+    n: int
+    network: str
+    predicted_step_s: float
+    measured_step_s: float
+    predicted_efficiency: float
+    measured_efficiency: float
+    relative_error: float
+    predicted_allreduce_s: float
+    measured_exchange_s: Optional[float]
+
+    def describe(self) -> str:
+        """One sentence for the report."""
+        exchange = (
+            f"; allreduce predicted {self.predicted_allreduce_s * 1e3:.2f} ms, measured "
+            f"{self.measured_exchange_s * 1e3:.2f} ms"
+            if self.measured_exchange_s is not None
+            else ""
+        )
+        return (
+            f"N={self.n} ({self.network}): predicted efficiency {self.predicted_efficiency:.3f}, "
+            f"measured {self.measured_efficiency:.3f}, error {self.relative_error:+.1%} "
+            f"(step {self.predicted_step_s * 1e3:.2f} ms predicted, "
+            f"{self.measured_step_s * 1e3:.2f} ms measured{exchange})"
+        )
+
+
+def ring_allreduce_time(num_bytes: float, n: int, network: NetworkModel) -> float:
+    """Seconds for a ring allreduce of ``num_bytes`` over ``n`` workers.
+
+    t = 2(n-1)/n * bytes / bandwidth + 2(n-1) * latency; 0 for n = 1.
+    """
+    if n < 1 or num_bytes < 0:
+        raise ValueError(f"need n >= 1 and num_bytes >= 0, got n={n}, num_bytes={num_bytes}")
+    transfer = 2 * (n - 1) / n * num_bytes / network.bytes_per_second
+    return transfer + 2 * (n - 1) * network.latency_us * 1e-6
+
+
+def predict_scaling(
+    step_compute_s: float,
+    gradient_bytes: float,
+    network: NetworkModel,
+    mode: str,
+    ns: Sequence[int] = DEFAULT_NS,
+) -> list[Prediction]:
+    """Modelled step time and efficiency for each worker count in ``ns``.
+
+    Args:
+      step_compute_s: single-worker step time without the exchange, seconds.
+      gradient_bytes: bytes allreduced per step.
+      network: the link model.
+      mode: "strong" (global batch fixed) or "weak" (batch per worker fixed).
+      ns: worker counts.
+
+    Returns:
+      One ``Prediction`` per N, in the order of ``ns``.
+    """
+    if mode not in ("strong", "weak"):
+        raise ValueError(f"mode must be 'strong' or 'weak', got {mode!r}")
+    if not step_compute_s > 0:
+        raise ValueError(f"step_compute_s must be > 0, got {step_compute_s}")
+    out = []
+    for n in ns:
+        compute = step_compute_s / n if mode == "strong" else step_compute_s
+        allreduce = ring_allreduce_time(gradient_bytes, n, network)
+        step = compute + allreduce
+        efficiency = (
+            maths.strong_efficiency(step_compute_s, step, n)
+            if mode == "strong"
+            else maths.weak_efficiency(step_compute_s, step)
+        )
+        out.append(Prediction(n, compute, allreduce, step, efficiency))
+    return out
+
+
+def fit_ring_model(
+    n: int, sizes_bytes: Sequence[float], times_s: Sequence[float], name: str = "fitted"
+) -> NetworkModel:
+    """Least-squares bandwidth and latency of the ring model from measured allreduce times.
+
+    Args:
+      n: workers in the measurement (>= 2).
+      sizes_bytes: float [k] message sizes, at least two different ones.
+      times_s: float [k] measured allreduce times.
+      name: name of the returned model.
+
+    Returns:
+      The ``NetworkModel`` whose ``ring_allreduce_time`` best fits the points.
+    """
+    x = np.asarray(sizes_bytes, dtype=np.float64)
+    t = np.asarray(times_s, dtype=np.float64)
+    if n < 2 or x.shape != t.shape or len(np.unique(x)) < 2:
+        raise ValueError("need n >= 2 and times for at least two different sizes")
+    design = np.stack([2 * (n - 1) / n * x, np.full_like(x, 2 * (n - 1))], axis=1)
+    (seconds_per_byte, latency_s), *_ = np.linalg.lstsq(design, t, rcond=None)
+    if seconds_per_byte <= 0:
+        raise DataError("allreduce times do not grow with the message size: cannot fit a bandwidth")
+    return NetworkModel(name, float(8 / seconds_per_byte / 1e9), float(max(latency_s, 0.0) * 1e6))
+
+
+def network_from_config(config: ScalingConfig) -> NetworkModel:
+    """The network of ``scaling.interconnect``, with ``bandwidth_gbps``/``latency_us`` overrides."""
+    if config.interconnect == "custom":
+        return NetworkModel("custom", config.bandwidth_gbps, config.latency_us, "from the config")
+    preset = PRESETS[config.interconnect]
+    return dataclasses.replace(
+        preset,
+        bandwidth_gbps=config.bandwidth_gbps or preset.bandwidth_gbps,
+        latency_us=preset.latency_us if config.latency_us is None else config.latency_us,
+    )
+
+
+def baseline_inputs(run: Run) -> tuple[float, int, str]:
+    """The model's inputs from a single-worker run.
+
+    Returns:
+      (step_compute_s, gradient_bytes, note): the median over non-warm-up steps of
+      ``total_s - exchange_s`` (exchange taken as 0 when not measured), the gradient bytes from
+      run.json (else 4 bytes x num_params, said in the note).
+
+    Raises:
+      DataError: the run is not single-worker, has no timed steps, or no size information.
+    """
+    if run.num_workers != 1:
+        raise DataError(
+            f"{run.path}: the model needs the single-worker run, this one has N={run.num_workers}"
+        )
+    values = [r.total_s - (r.exchange_s or 0.0) for r in run.steps if not r.warmup]
+    if not values:
+        raise DataError(
+            f"{run.path}: no non-warm-up steps in timing.jsonl; run more steps than "
+            "scaling.timing_warmup_steps"
+        )
+    compute_s = float(np.median(values))
+    if run.info.get("gradient_bytes"):
+        return compute_s, int(run.info["gradient_bytes"]), ""
+    if run.info.get("num_params"):
+        num_bytes = 4 * int(run.info["num_params"])
+        return compute_s, num_bytes, "gradient bytes taken as 4 x num_params (float32)"
+    raise DataError(
+        f"{run.path}/run.json has neither 'gradient_bytes' nor 'num_params': "
+        "cannot size the allreduce"
+    )
+
+
+def validate_against(
+    runs: Sequence[Run],
+    mode: str,
+    network: NetworkModel = PRESETS["shared-memory"],
+) -> list[Validation]:
+    """Predicts every measured multi-worker run from the single-worker one and compares.
+
+    Args:
+      runs: finished runs of one sweep; one must have N=1.
+      mode: "strong" or "weak".
+      network: the link the measured runs used (default: this machine's shared memory).
+
+    Returns:
+      One ``Validation`` per run with N > 1, by N.
+
+    Raises:
+      DataError: no single-worker run, or a run without timed steps.
+    """
+    baseline = [r for r in runs if r.num_workers == 1]
+    if not baseline:
+        raise DataError(
+            "validating the model needs the single-worker (N=1) run of the sweep; "
+            f"got N = {', '.join(str(r.num_workers) for r in runs)}"
+        )
+    compute_s, gradient_bytes, _ = baseline_inputs(baseline[0])
+    t1 = _median_step(baseline[0])
+    out = []
+    for run in sorted(runs, key=lambda r: r.num_workers):
+        n = run.num_workers
+        if n == 1:
+            continue
+        (pred,) = predict_scaling(compute_s, gradient_bytes, network, mode, ns=(n,))
+        tn = _median_step(run)
+        measured = (
+            maths.strong_efficiency(t1, tn, n)
+            if mode == "strong"
+            else maths.weak_efficiency(t1, tn)
+        )
+        exchange = maths.step_times(run, "exchange_s")
+        out.append(
+            Validation(
+                n=n,
+                network=network.name,
+                predicted_step_s=pred.step_s,
+                measured_step_s=tn,
+                predicted_efficiency=pred.efficiency,
+                measured_efficiency=measured,
+                relative_error=(pred.efficiency - measured) / measured,
+                predicted_allreduce_s=pred.allreduce_s,
+                measured_exchange_s=float(np.median(exchange)) if exchange.size else None,
+            )
+        )
+    return out
+
+
+def _median_step(run: Run) -> float:
+    times = maths.step_times(run, "total_s")
+    if times.size == 0:
+        raise DataError(
+            f"{run.path}: no non-warm-up steps in timing.jsonl; run more steps than "
+            "scaling.timing_warmup_steps"
+        )
+    return float(np.median(times))

@@ -1,0 +1,513 @@
+"""Timing records of a training run (per step, per epoch, per rank) and their files in the run dir.
+
+A run directory holds two files written by the chief (rank 0) after gathering every rank's records:
+
+- ``run.json``: the run's description (``info``): worker count, batches, status, metrics, energy,
+  the resolved config. Built with ``make_run_info``; extra keys are kept and ignored.
+- ``timing.jsonl``: one JSON object per line, a header ``{"kind": "header", "schema": 1}`` then
+  ``{"kind": "step", ...StepRecord fields}`` and ``{"kind": "epoch", ...EpochRecord fields}``.
+
+``write_run`` may be called at every epoch end with the cumulative lists: both files are replaced
+atomically, timing first, so a reader never sees ``status: finished`` before the final timing.
+
+Public symbols: ``StepRecord``, ``EpochRecord``, ``Run``, ``make_run_info``, ``hash_config``,
+``write_run``, ``read_run``, ``RUN_INFO_FILE``, ``TIMING_FILE``, ``SCHEMA_VERSION``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import math
+import os
+import socket
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
+
+from hvdtrack.errors import DataError
+from hvdtrack.utils.io import atomic_write, write_json
+
+RUN_INFO_FILE = "run.json"
+TIMING_FILE = "timing.jsonl"
+SCHEMA_VERSION = 1
+STATUSES = ("running", "finished", "failed")
+ENERGY_SOURCES = ("rapl", "nvml", "estimate")
+STRATEGIES = ("local", "horovod", "mirrored", "multiworker")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """Wall-clock times of one training step on one rank.
+
+    Attributes:
+      epoch, step: 0-based epoch and step-within-epoch indices.
+      rank: the worker that measured it.
+      data_s: time waiting for the next batch from the input pipeline.
+      compute_s: forward, backward and optimizer time (including the exchange when it cannot be
+        separated).
+      exchange_s: gradient allreduce time where measurable, else None.
+      total_s: the whole step, from the end of the previous step to the end of this one.
+      graphs, edges: graphs and edges this rank processed in the step.
+      warmup: True for the first ``scaling.timing_warmup_steps`` steps of the rank (excluded from
+        statistics).
+    """
+
+    epoch: int
+    step: int
+    rank: int
+    data_s: float
+    compute_s: float
+    exchange_s: Optional[float]
+    total_s: float
+    graphs: int
+    edges: int
+    warmup: bool
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepRecord:
+        """Builds a record from a mapping (e.g. a parsed JSON line); ValueError names the field."""
+        return cls(
+            epoch=_int(data, "epoch"),
+            step=_int(data, "step"),
+            rank=_int(data, "rank"),
+            data_s=_seconds(data, "data_s"),
+            compute_s=_seconds(data, "compute_s"),
+            exchange_s=_seconds(data, "exchange_s", optional=True),
+            total_s=_seconds(data, "total_s"),
+            graphs=_int(data, "graphs"),
+            edges=_int(data, "edges"),
+            warmup=_bool(data, "warmup"),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochRecord:
+    """One epoch on one rank.
+
+    Attributes:
+      epoch: 0-based epoch index.
+      rank: the worker that measured it.
+      time_s: wall-clock time of the epoch's training steps on this rank (validation excluded).
+      steps, graphs, edges: steps taken and graphs/edges processed by this rank.
+      train_loss: mean training loss (the reduced value; the same on every rank).
+      val: validation metrics after the epoch (loss, auc, efficiency, purity, ...) or None.
+    """
+
+    epoch: int
+    rank: int
+    time_s: float
+    steps: int
+    graphs: int
+    edges: int
+    train_loss: float
+    val: Optional[dict[str, float]]
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> EpochRecord:
+        """Builds a record from a mapping (e.g. a parsed JSON line); ValueError names the field."""
+        return cls(
+            epoch=_int(data, "epoch"),
+            rank=_int(data, "rank"),
+            time_s=_seconds(data, "time_s"),
+            steps=_int(data, "steps"),
+            graphs=_int(data, "graphs"),
+            edges=_int(data, "edges"),
+            train_loss=_number(data, "train_loss"),
+            val=_metrics(data, "val", optional=True),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A run directory read back: ``info`` (run.json) and its timing records, all validated."""
+
+    path: Path
+    info: dict[str, Any]
+    steps: list[StepRecord]
+    epochs: list[EpochRecord]
+
+    @property
+    def finished(self) -> bool:
+        """True iff the trainer marked the run finished."""
+        return self.info["status"] == "finished"
+
+    @property
+    def num_workers(self) -> int:
+        return self.info["num_workers"]
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def make_run_info(
+    *,
+    config_name: str,
+    config_hash: str,
+    strategy: str,
+    num_workers: int,
+    batch_graphs: int,
+    learning_rate: float,
+    epochs: int,
+    device_kind: str,
+    config: Mapping[str, Any],
+    global_batch_graphs: Optional[int] = None,
+    status: str = "running",
+    started: Optional[str] = None,
+    finished: Optional[str] = None,
+    host: Optional[str] = None,
+    threads_per_worker: Optional[int] = None,
+    num_params: Optional[int] = None,
+    gradient_bytes: Optional[int] = None,
+    graphs_processed: int = 0,
+    edges_processed: int = 0,
+    metrics: Optional[Mapping[str, float]] = None,
+    energy: Optional[Mapping[str, Any]] = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Builds the ``info`` dict of ``run.json``, filling defaults and checking every field.
+
+    Args:
+      config_name: the config's name (e.g. the YAML file's stem).
+      config_hash: ``hash_config`` of the resolved config (or any stable digest).
+      strategy: "local", "horovod", "mirrored" or "multiworker".
+      num_workers: workers (replicas) of the run.
+      batch_graphs: graphs per worker per step.
+      learning_rate: the effective learning rate after any scaling with the worker count.
+      epochs: epochs configured.
+      device_kind: e.g. "cpu-core" or "gpu".
+      config: the resolved config as nested dicts.
+      global_batch_graphs: graphs per step over all workers; default
+        ``batch_graphs * num_workers``.
+      status: "running", "finished" or "failed".
+      started, finished: ISO 8601 times; ``started`` defaults to now (UTC).
+      host: default ``socket.gethostname()``.
+      threads_per_worker, num_params: as measured; optional.
+      gradient_bytes: bytes allreduced per step (sum over trainable variables); needed for
+        predictions.
+      graphs_processed, edges_processed: totals over all workers and epochs so far.
+      metrics: final validation metrics: loss, auc, efficiency, purity, accuracy.
+      energy: ``EnergyReading.to_info()`` with ``joules`` replaced by the sum over all
+        processes: joules (the run's total), seconds (metered wall time), source
+        ("rapl"/"nvml"/"estimate"), watts. Reports use joules / seconds as the run's mean power
+        (``watts`` when ``seconds`` is absent).
+      **extra: kept as they are.
+
+    Returns:
+      The info dict.
+
+    Raises:
+      DataError: a field has the wrong type or an impossible value (the message names it).
+    """
+    info: dict[str, Any] = {
+        "config_name": config_name,
+        "config_hash": config_hash,
+        "strategy": strategy,
+        "num_workers": num_workers,
+        "batch_graphs": batch_graphs,
+        "global_batch_graphs": (
+            batch_graphs * num_workers if global_batch_graphs is None else global_batch_graphs
+        ),
+        "learning_rate": learning_rate,
+        "epochs": epochs,
+        "status": status,
+        "started": started or _now(),
+        "finished": finished,
+        "host": host or socket.gethostname(),
+        "device_kind": device_kind,
+        "threads_per_worker": threads_per_worker,
+        "num_params": num_params,
+        "gradient_bytes": gradient_bytes,
+        "graphs_processed": graphs_processed,
+        "edges_processed": edges_processed,
+        "metrics": dict(metrics) if metrics is not None else None,
+        "energy": dict(energy) if energy is not None else None,
+        "config": _plain(config),
+    }
+    info.update(extra)
+    _check_info(info, "run info")
+    return info
+
+
+def hash_config(config: Mapping[str, Any], exclude: Iterable[str] = ("train.run_dir",)) -> str:
+    """A short stable digest of a nested config mapping, leaving out dotted keys in ``exclude``.
+
+    Args:
+      config: the resolved config as nested dicts.
+      exclude: dotted keys (``"train.run_dir"``) or whole sections (``"scaling"``) to leave out.
+
+    Returns:
+      16 hex digits of the SHA-256 of the canonical JSON.
+    """
+    flat = {k: v for k, v in flatten_config(config).items() if not _excluded(k, exclude)}
+    text = json.dumps(flat, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mapping -> ``{"section.key": value}`` (lists and scalars are leaves)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten_config(value, f"{name}."))
+        else:
+            flat[name] = list(value) if isinstance(value, tuple) else value
+    return flat
+
+
+def write_run(
+    run_dir: str | os.PathLike,
+    info: Mapping[str, Any],
+    steps: Iterable[StepRecord],
+    epochs: Iterable[EpochRecord],
+) -> None:
+    """Writes ``run_dir/timing.jsonl`` then ``run_dir/run.json``, each atomically.
+
+    Call it again (e.g. at each epoch end) with the cumulative lists to replace both files.
+
+    Args:
+      run_dir: the run directory (created if missing).
+      info: the run description, as made by ``make_run_info``.
+      steps: every rank's step records.
+      epochs: every rank's epoch records.
+
+    Raises:
+      DataError: ``info`` is invalid (the message names the key).
+    """
+    run_dir = Path(run_dir)
+    info = dict(info)
+    _check_info(info, f"run info for {run_dir}")
+    with atomic_write(run_dir / TIMING_FILE) as f:
+        f.write(json.dumps({"kind": "header", "schema": SCHEMA_VERSION}) + "\n")
+        # vars() rather than dataclasses.asdict: the records are flat and asdict deep-copies.
+        encode = json.JSONEncoder().encode
+        f.writelines(encode({"kind": "step", **vars(r)}) + "\n" for r in steps)
+        f.writelines(encode({"kind": "epoch", **vars(r)}) + "\n" for r in epochs)
+    write_json(run_dir / RUN_INFO_FILE, _plain(info))
+
+
+def read_run(run_dir: str | os.PathLike) -> Run:
+    """Reads and validates a run directory written by ``write_run``.
+
+    Args:
+      run_dir: the run directory.
+
+    Returns:
+      The ``Run``, records in file order. Unfinished runs are returned too (see ``Run.finished``).
+
+    Raises:
+      DataError: the directory or a file is missing, a JSON line is malformed, or a record or
+        ``run.json`` key is missing or invalid; the message names the directory, file and line.
+    """
+    path = Path(run_dir)
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise DataError(
+            f"run directory {path} {what}; pass directories written by `python -m hvdtrack.train`"
+        )
+    info_path = path / RUN_INFO_FILE
+    timing_path = path / TIMING_FILE
+    for file in (info_path, timing_path):
+        if not file.is_file():
+            raise DataError(
+                f"{file} is missing: {path} is not a (complete) run directory; "
+                "the trainer writes run.json and timing.jsonl at every epoch end"
+            )
+    try:
+        info = json.loads(info_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DataError(f"{info_path}: not valid JSON ({err})") from None
+    if not isinstance(info, dict):
+        raise DataError(f"{info_path}: must hold a JSON object, got {type(info).__name__}")
+    _check_info(info, str(info_path))
+
+    steps: list[StepRecord] = []
+    epochs: list[EpochRecord] = []
+    try:
+        lines = timing_path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"{timing_path}: cannot be read ({err})") from None
+    num_workers = info["num_workers"]
+    for number, line in enumerate(lines, start=1):
+        where = f"{timing_path}, line {number}"
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{where}: not valid JSON ({err.msg})") from None
+        if not isinstance(data, dict):
+            raise DataError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        kind = data.get("kind")
+        try:
+            if kind == "header":
+                schema = data.get("schema")
+                if schema != SCHEMA_VERSION:
+                    raise ValueError(
+                        f"timing schema {schema!r} is not the supported version {SCHEMA_VERSION}"
+                    )
+                continue
+            if kind == "step":
+                record: StepRecord | EpochRecord = _fast_step(data) or StepRecord.from_dict(data)
+                steps.append(record)
+            elif kind == "epoch":
+                record = EpochRecord.from_dict(data)
+                epochs.append(record)
+            else:
+                raise ValueError(f"'kind' must be 'header', 'step' or 'epoch', got {kind!r}")
+            if record.rank >= num_workers:
+                raise ValueError(
+                    f"rank {record.rank} but run.json says num_workers is {num_workers}"
+                )
+        except ValueError as err:
+            raise DataError(f"{where}: {err}") from None
+    return Run(path=path, info=info, steps=steps, epochs=epochs)
+
+
+# ------------------------------------------------------------------------------------ internals
+def _fast_step(data: dict[str, Any]) -> Optional[StepRecord]:
+    # Runs hold up to millions of step lines: accept the common well-formed line with a few
+    # exact type checks; anything unusual goes through from_dict, which names the problem.
+    try:
+        epoch, step, rank = data["epoch"], data["step"], data["rank"]
+        graphs, edges, warmup = data["graphs"], data["edges"], data["warmup"]
+        data_s, compute_s, total_s = data["data_s"], data["compute_s"], data["total_s"]
+        exchange_s = data["exchange_s"]
+    except KeyError:
+        return None
+    ints_ok = type(epoch) is type(step) is type(rank) is type(graphs) is type(edges) is int
+    floats_ok = type(data_s) is type(compute_s) is type(total_s) is float and (
+        exchange_s is None or type(exchange_s) is float
+    )
+    if not (ints_ok and floats_ok and type(warmup) is bool):
+        return None
+    if min(epoch, step, rank, graphs, edges) < 0 or not (
+        0 <= data_s < math.inf and 0 <= compute_s < math.inf and 0 <= total_s < math.inf
+    ):
+        return None
+    if exchange_s is not None and not 0 <= exchange_s < math.inf:
+        return None
+    return StepRecord(
+        epoch, step, rank, data_s, compute_s, exchange_s, total_s, graphs, edges, warmup
+    )
+
+
+def _check_info(info: Mapping[str, Any], where: str) -> None:
+    try:
+        for key in ("config_name", "config_hash", "strategy", "status"):
+            _str(info, key)
+        for key in ("num_workers", "batch_graphs", "global_batch_graphs"):
+            if _int(info, key) < 1:
+                raise ValueError(f"'{key}' must be >= 1, got {info[key]}")
+        if info["status"] not in STATUSES:
+            raise ValueError(
+                f"'status' must be one of {', '.join(STATUSES)}, got {info['status']!r}"
+            )
+        if info["strategy"] not in STRATEGIES:
+            raise ValueError(
+                f"'strategy' must be one of {', '.join(STRATEGIES)}, got {info['strategy']!r}"
+            )
+        if "learning_rate" in info:
+            _number(info, "learning_rate")
+        for key in ("epochs", "graphs_processed", "edges_processed"):
+            if key in info:
+                _int(info, key)
+        for key in ("threads_per_worker", "num_params", "gradient_bytes"):
+            if key in info:
+                _int(info, key, optional=True)
+        for key in ("started", "finished", "host", "device_kind"):
+            if key in info and info[key] is not None:
+                _str(info, key)
+        if "metrics" in info:
+            _metrics(info, "metrics", optional=True)
+        if info.get("energy") is not None:
+            energy = info["energy"]
+            if not isinstance(energy, Mapping):
+                raise ValueError(f"'energy' must be an object, got {type(energy).__name__}")
+            _seconds(energy, "joules", name="energy.joules")
+            _seconds(energy, "watts", name="energy.watts")
+            if energy.get("source") not in ENERGY_SOURCES:
+                raise ValueError(
+                    f"'energy.source' must be one of {', '.join(ENERGY_SOURCES)}, "
+                    f"got {energy.get('source')!r}"
+                )
+        if info.get("config") is not None and not isinstance(info["config"], Mapping):
+            raise ValueError(f"'config' must be an object, got {type(info['config']).__name__}")
+    except ValueError as err:
+        raise DataError(f"{where}: {err}") from None
+
+
+def _get(data: Mapping[str, Any], key: str, name: str) -> Any:
+    if key not in data:
+        raise ValueError(f"missing '{name}'")
+    return data[key]
+
+
+def _int(data: Mapping[str, Any], key: str, optional: bool = False) -> Any:
+    value = _get(data, key, key)
+    if optional and value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"'{key}' must be an integer, got {value!r}")
+    if value < 0:
+        raise ValueError(f"'{key}' must be >= 0, got {value}")
+    return value
+
+
+def _number(data: Mapping[str, Any], key: str, name: str = "") -> float:
+    value = _get(data, key, name or key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"'{name or key}' must be a number, got {value!r}")
+    return float(value)
+
+
+def _seconds(data: Mapping[str, Any], key: str, optional: bool = False, name: str = "") -> Any:
+    if optional and data.get(key, 0) is None:
+        return None
+    value = _number(data, key, name)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"'{name or key}' must be a finite number >= 0, got {value!r}")
+    return value
+
+
+def _bool(data: Mapping[str, Any], key: str) -> bool:
+    value = _get(data, key, key)
+    if not isinstance(value, bool):
+        raise ValueError(f"'{key}' must be true or false, got {value!r}")
+    return value
+
+
+def _str(data: Mapping[str, Any], key: str) -> str:
+    value = _get(data, key, key)
+    if not isinstance(value, str):
+        raise ValueError(f"'{key}' must be a string, got {value!r}")
+    return value
+
+
+def _metrics(data: Mapping[str, Any], key: str, optional: bool = False) -> Any:
+    value = _get(data, key, key)
+    if optional and value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"'{key}' must be an object of numbers, got {value!r}")
+    return {str(k): _number(value, k, f"{key}.{k}") for k in value}
+
+
+def _excluded(key: str, exclude: Iterable[str]) -> bool:
+    return any(key == e or key.startswith(f"{e}.") for e in exclude)
+
+
+def _plain(value: Any) -> Any:
+    # Tuples from frozen config dataclasses become lists, as JSON would make them anyway.
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
