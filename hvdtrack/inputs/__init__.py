@@ -1,0 +1,2 @@
+"""Input pipeline: epoch plans balancing edges over workers (``balance``, numpy only) and the
+tf.data pipelines from shards to merged GraphsTuples (``pipeline``, imports TensorFlow)."""

@@ -1,0 +1,443 @@
+"""tf.data pipelines from TFRecord shards to merged graph_nets GraphsTuples, one per step.
+
+Training (``train_dataset``) yields exactly one worker's steps of an ``EpochPlan``, reading the
+graphs in one of two ways, chosen by ``plan_train_epoch``:
+
+- random access (uncompressed shards, the default for them): the plan is a fresh permutation of
+  all graphs every epoch, and the worker reads only its own records, each by seeking to its byte
+  offset (found once from the shards' record framing; CRCs are still checked). Reading cost per
+  worker does not grow with the number of workers.
+- streaming (gzip shards, which cannot seek): the plan reads shards in a shuffled order,
+  ``shards_per_group`` files at a time interleaved round-robin (deterministically, so the stream
+  is the plan's global order); the worker keeps only its own records before parsing them. Every
+  worker reads every shard of the epoch, so reading cost grows with the number of workers.
+
+In both, every ``batch_graphs`` records are parsed and merged into one GraphsTuple by one
+vectorised map per batch (parallel over batches, order kept). Measured figures:
+``python -m hvdtrack.bench.read``.
+
+Evaluation (``eval_dataset``) gives worker w the contiguous slice [w*G/W, (w+1)*G/W) of the
+split in manifest order, reading only the shards that slice touches.
+
+Elements are ``(GraphsTuple, labels)``: nodes float32 [sum N, 3], edges float32 [sum E, 4],
+senders/receivers int32 [sum E] (offset into the merged nodes), globals float32 zeros
+[num_graphs, 1], n_node/n_edge int32 [num_graphs], labels float32 [sum E]. ``input_signature()``
+describes them with dynamic sizes, so one ``tf.function`` trace serves every batch.
+
+TensorFlow reports a damaged shard as a DataLossError that does not name the file, and a record
+of another schema version as an InvalidArgumentError; iterate through ``iterate_batches`` or
+inside ``read_errors_as_data_error`` to get a DataError naming the shard instead.
+
+Random-access datasets build their readers from a raw TFRecordDatasetV2 op (the public
+``tf.data.TFRecordDataset`` cannot seek); TensorFlow cannot serialize that op, so their
+iterators cannot be checkpointed (make a new dataset from the plan instead).
+
+Public symbols: ``plan_train_epoch``, ``train_dataset``, ``eval_dataset``, ``merge_graphs``,
+``graph_signature``, ``input_signature``, ``read_errors_as_data_error``, ``iterate_batches``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence, Union
+
+import numpy as np
+import tensorflow as tf
+from graph_nets import graphs as gn_graphs
+from graph_nets import utils_tf
+
+from hvdtrack.errors import ConfigError, DataError
+from hvdtrack.inputs.balance import EpochPlan, plan_epoch
+from hvdtrack.records.manifest import Manifest, SplitTable, verify_checksums
+from hvdtrack.records.schema import EDGE_FEATURE_SIZE, NODE_FEATURE_SIZE, parse_example_batch
+from hvdtrack.records.shards import index_shard_records
+
+TRAIN_FIELDS = ("nodes", "edges", "senders", "receivers", "labels")
+_READ_BUFFER_BYTES = 4 << 20
+_PARALLEL_READS = 4
+_RECORD_MESSAGE = re.compile(r"\[?((?:record \d+ of \S+|a record)[^\[\]]*?re-run hvdtrack prepare)")
+_UNPARSABLE = re.compile(r"Could not parse example input|ParseExample", re.IGNORECASE)
+
+
+def plan_train_epoch(
+    manifest: Manifest,
+    num_workers: int,
+    batch_graphs: int,
+    seed: int,
+    epoch: int,
+    split: str = "train",
+    random_access: Optional[bool] = None,
+    shards_per_group: int = 4,
+    dataset: str = "the dataset",
+) -> EpochPlan:
+    """``balance.plan_epoch`` over a split of the manifest.
+
+    Args:
+      manifest: the dataset's manifest.
+      num_workers, batch_graphs, seed, epoch: see ``balance.plan_epoch``.
+      split: the split to train on.
+      random_access: plan for reading records by offset (a full shuffle every epoch); default:
+        when the shards are uncompressed. False plans for streaming whole shards.
+      shards_per_group: shards interleaved together when streaming.
+      dataset: names the dataset in error messages.
+
+    Raises:
+      ConfigError: random access asked for gzip-compressed shards.
+      DataError: for an empty split (naming ``dataset`` and the split) or too few graphs.
+    """
+    table = manifest.split_table(split, dataset)
+    if random_access is None:
+        random_access = manifest.compression == "none"
+    if random_access and manifest.compression != "none":
+        raise ConfigError(
+            f"{dataset} has {manifest.compression}-compressed shards, which cannot be read by "
+            "offset: plan with random_access=False (or prepare with records.compression=none)"
+        )
+    layout = {} if random_access else {"shard_of": table.shard, "record_of": table.record}
+    return plan_epoch(
+        table.num_edges,
+        num_workers,
+        batch_graphs,
+        seed,
+        epoch,
+        shards_per_group=shards_per_group,
+        **layout,
+    )
+
+
+def train_dataset(
+    dataset_dir: str | os.PathLike,
+    manifest: Manifest,
+    plan: Union[EpochPlan, Sequence[EpochPlan]],
+    worker: int,
+    split: str = "train",
+) -> tf.data.Dataset:
+    """The worker's steps of the plan, in plan order.
+
+    Args:
+      dataset_dir: the dataset directory (checked once with ``open_dataset``).
+      manifest: its manifest.
+      plan: the epoch plan, from ``plan_train_epoch`` on the same manifest and split; a plan
+        without shard layout is read by random access, one with it by streaming shards. Several
+        plans (e.g. one per epoch, same ``num_workers`` and ``batch_graphs``) are read back to
+        back by one dataset, which saves building and tearing down a pipeline per epoch
+        (about 0.4 s here).
+      worker: this worker's rank in [0, plan.num_workers).
+      split: the split the plan was made for.
+
+    Returns:
+      A dataset of exactly ``plan.num_steps`` elements ``(GraphsTuple, labels)`` (summed over
+      the plans); step s merges the graphs ``plan.graph_ids[worker, s]`` in that order.
+
+    Raises:
+      ConfigError: when a plan was not made for this split, plans differ in batch_graphs or
+        num_workers, or for a bad worker.
+      DataError: for an empty split, or (random access) a shard whose records do not match the
+        manifest.
+    """
+    plans = [plan] if isinstance(plan, EpochPlan) else list(plan)
+    if not plans or len({(p.num_workers, p.batch_graphs) for p in plans}) != 1:
+        raise ConfigError(
+            "train_dataset needs one or more plans with equal num_workers and batch_graphs"
+        )
+    table = manifest.split_table(split, str(dataset_dir))
+    for each in plans:
+        _check_plan(each, table, manifest, dataset_dir, split)
+    reader = _ShardReader(dataset_dir, manifest, table)
+    by_offset = [p.worker_graph_ids(worker) for p in plans if p.shard_order is None]
+    if len(by_offset) == len(plans):
+        records = reader.records_by_offset(np.concatenate(by_offset))
+    else:
+        parts = [
+            reader.records_by_offset(p.worker_graph_ids(worker))
+            if p.shard_order is None
+            else reader.records_streamed(
+                p.worker_graph_ids(worker), p.shard_order, p.shards_per_group
+            )
+            for p in plans
+        ]
+        records = functools.reduce(tf.data.Dataset.concatenate, parts)
+    num_steps = sum(p.num_steps for p in plans)
+    return _batches(records, reader, plans[0].batch_graphs, num_steps=num_steps)
+
+
+def _check_plan(
+    plan: EpochPlan, table: SplitTable, manifest: Manifest, dataset_dir: Any, split: str
+) -> None:
+    num_shards = None if plan.shard_order is None else plan.shard_order.shape[0]
+    if plan.num_graphs != table.num_graphs or num_shards not in (None, table.num_shards):
+        layout = "read by offset" if num_shards is None else f"in {num_shards} shards"
+        raise ConfigError(
+            f"the epoch plan ({plan.num_graphs} graphs {layout}) was not made for split '{split}' "
+            f"of {dataset_dir} ({table.num_graphs} graphs in {table.num_shards} shards) - make it "
+            "with plan_train_epoch(manifest, ...)"
+        )
+    if plan.shard_order is None and manifest.compression != "none":
+        raise ConfigError(
+            f"the epoch plan reads records by offset but {dataset_dir} has "
+            f"{manifest.compression}-compressed shards - make it with plan_train_epoch(manifest, ...)"
+        )
+
+
+def eval_dataset(
+    dataset_dir: str | os.PathLike,
+    manifest: Manifest,
+    split: str,
+    worker: int,
+    num_workers: int,
+    batch_graphs: int,
+) -> tf.data.Dataset:
+    """The worker's part of a split: graphs [w*G/W, (w+1)*G/W) in manifest order.
+
+    Over all workers every graph comes exactly once; parts differ by at most one graph and the
+    last batch of a part may hold fewer than ``batch_graphs`` graphs (a part may be empty when
+    G < num_workers).
+
+    Raises:
+      ConfigError: for a worker outside [0, num_workers) or batch_graphs < 1.
+      DataError: for an empty split.
+    """
+    if not 0 <= worker < num_workers or batch_graphs < 1:
+        raise ConfigError(
+            f"worker {worker} of {num_workers} workers with batch_graphs {batch_graphs}: need "
+            "0 <= worker < num_workers and batch_graphs >= 1"
+        )
+    table = manifest.split_table(split, str(dataset_dir))
+    first = worker * table.num_graphs // num_workers
+    last = (worker + 1) * table.num_graphs // num_workers
+    starts = table.shard_starts
+    sizes = table.shard_sizes
+    skip = np.clip(first - starts, 0, sizes)
+    take = np.clip(last - starts, 0, sizes) - skip
+    used = np.flatnonzero(take > 0)
+    reader = _ShardReader(dataset_dir, manifest, table)
+
+    def read_slice(shard: tf.Tensor, skip: tf.Tensor, take: tf.Tensor) -> tf.data.Dataset:
+        return reader.records(shard).skip(skip).take(take)
+
+    records = tf.data.Dataset.from_tensor_slices(
+        (used.astype(np.int64), skip[used].astype(np.int64), take[used].astype(np.int64))
+    ).flat_map(read_slice)
+    return _batches(records, reader, batch_graphs)
+
+
+def merge_graphs(
+    values: dict[str, tf.Tensor], n_node: tf.Tensor, n_edge: tf.Tensor
+) -> tuple[gn_graphs.GraphsTuple, tf.Tensor]:
+    """Builds one GraphsTuple from the concatenated fields of a batch of graphs (vectorised).
+
+    Args:
+      values: ``TRAIN_FIELDS`` concatenated over the batch: nodes float32 [sum N, 3], edges
+        float32 [sum E, 4], senders/receivers int32 [sum E] (indices within their own graph),
+        labels float32 [sum E].
+      n_node: int32 [B] nodes per graph.
+      n_edge: int32 [B] edges per graph.
+
+    Returns:
+      ``(graphs, labels)``; see the module docstring for shapes. Senders and receivers are
+      offset by the number of nodes of the graphs before theirs.
+    """
+    edge_offsets = tf.repeat(tf.cumsum(n_node, exclusive=True), n_edge)
+    graphs = gn_graphs.GraphsTuple(
+        nodes=values["nodes"],
+        edges=values["edges"],
+        receivers=values["receivers"] + edge_offsets,
+        senders=values["senders"] + edge_offsets,
+        globals=tf.zeros([tf.shape(n_node)[0], 1], tf.float32),
+        n_node=n_node,
+        n_edge=n_edge,
+    )
+    return graphs, values["labels"]
+
+
+def graph_signature(graphs: Any) -> gn_graphs.GraphsTuple:
+    """TensorSpecs for GraphsTuples like ``graphs`` (tensors or specs) with every size dynamic."""
+    return utils_tf.specs_from_graphs_tuple(
+        graphs, dynamic_num_graphs=True, dynamic_num_nodes=True, dynamic_num_edges=True
+    )
+
+
+def input_signature() -> tuple[gn_graphs.GraphsTuple, tf.TensorSpec]:
+    """``(GraphsTuple specs, labels spec)`` of the pipelines' elements, for ``tf.function``."""
+    empty = gn_graphs.GraphsTuple(
+        nodes=tf.zeros([0, NODE_FEATURE_SIZE], tf.float32),
+        edges=tf.zeros([0, EDGE_FEATURE_SIZE], tf.float32),
+        receivers=tf.zeros([0], tf.int32),
+        senders=tf.zeros([0], tf.int32),
+        globals=tf.zeros([0, 1], tf.float32),
+        n_node=tf.zeros([0], tf.int32),
+        n_edge=tf.zeros([0], tf.int32),
+    )
+    return graph_signature(empty), tf.TensorSpec([None], tf.float32)
+
+
+@contextlib.contextmanager
+def read_errors_as_data_error(
+    dataset_dir: str | os.PathLike, manifest: Optional[Manifest] = None
+) -> Iterator[None]:
+    """Turns TensorFlow read errors raised in the block into DataErrors naming the shard.
+
+    A DataLossError (truncated or corrupt record) or a record that cannot be parsed does not
+    say which file it came from: the shards are then checked against the manifest's sizes and
+    checksums to name the bad one. An InvalidArgumentError carrying the schema-version message
+    becomes a DataError with that message. Other errors pass unchanged.
+    """
+    try:
+        yield
+    except tf.errors.DataLossError as err:
+        raise _damaged_shard_error(dataset_dir, manifest, err) from None
+    except tf.errors.InvalidArgumentError as err:
+        message = getattr(err, "message", str(err))
+        found = _RECORD_MESSAGE.search(message)
+        if found is not None:
+            raise DataError(f"{dataset_dir}: {found.group(1)}") from None
+        if _UNPARSABLE.search(message):  # damaged bytes that still passed the record CRC
+            raise _damaged_shard_error(dataset_dir, manifest, err) from None
+        raise
+
+
+def iterate_batches(
+    dataset: tf.data.Dataset, dataset_dir: str | os.PathLike, manifest: Optional[Manifest] = None
+) -> Iterator[Any]:
+    """Iterates ``dataset`` with read errors turned into DataErrors naming the shard."""
+    with read_errors_as_data_error(dataset_dir, manifest):
+        yield from dataset
+
+
+# ---------------------------------------------------------------------------- internals
+class _ShardReader:
+    """Reads one split's shards as (shard, record index, serialized record) triples."""
+
+    def __init__(self, dataset_dir: str | os.PathLike, manifest: Manifest, table: SplitTable):
+        self.dataset_dir = Path(dataset_dir)
+        self.table = table
+        self.paths = tf.constant([str(self.dataset_dir / f) for f in table.shard_files])
+        self.names = tf.constant(list(table.shard_files))
+        self.starts = tf.constant(table.shard_starts, tf.int64)
+        self.compression = "GZIP" if manifest.compression == "gzip" else ""
+
+    def records(self, shard: tf.Tensor) -> tf.data.Dataset:
+        """Dataset of (shard, record index, serialized record) for one whole shard."""
+        data = tf.data.TFRecordDataset(
+            tf.gather(self.paths, shard), self.compression, buffer_size=_READ_BUFFER_BYTES
+        )
+        return data.enumerate().map(lambda record, serialized: (shard, record, serialized))
+
+    def records_streamed(
+        self, graph_ids: np.ndarray, shard_order: np.ndarray, shards_per_group: int
+    ) -> tf.data.Dataset:
+        """The records ``graph_ids`` out of a stream of the shards in ``shard_order``, read
+        ``shards_per_group`` at a time round-robin (the plan's global order)."""
+        k = shards_per_group
+        groups = np.full((-(-len(shard_order) // k), k), -1, dtype=np.int64)
+        groups.reshape(-1)[: len(shard_order)] = shard_order
+        mine = np.zeros(self.table.num_graphs, dtype=bool)
+        mine[graph_ids] = True
+        is_mine = tf.constant(mine)
+
+        def read_group(group: tf.Tensor) -> tf.data.Dataset:
+            shards = tf.data.Dataset.from_tensor_slices(tf.boolean_mask(group, group >= 0))
+            # Deterministic parallel interleave = round-robin over the group, as planned.
+            return shards.interleave(
+                self.records,
+                cycle_length=k,
+                block_length=1,
+                num_parallel_calls=k,
+                deterministic=True,
+            )
+
+        def keep(shard: tf.Tensor, record: tf.Tensor, serialized: tf.Tensor) -> tf.Tensor:
+            return tf.gather(is_mine, tf.gather(self.starts, shard) + record)
+
+        return tf.data.Dataset.from_tensor_slices(groups).flat_map(read_group).filter(keep)
+
+    def records_by_offset(self, graph_ids: np.ndarray) -> tf.data.Dataset:
+        """The records ``graph_ids``, in that order, each read by seeking to its offset."""
+        offsets = _record_offsets(self.dataset_dir, self.table)
+        slices = (self.table.shard[graph_ids], self.table.record[graph_ids], offsets[graph_ids])
+
+        def read_one(shard: tf.Tensor, record: tf.Tensor, offset: tf.Tensor) -> tf.data.Dataset:
+            variant = tf.raw_ops.TFRecordDatasetV2(
+                filenames=tf.gather(self.paths, shard),
+                compression_type="",
+                buffer_size=tf.constant(0, tf.int64),  # read exactly the record, no read-ahead
+                byte_offsets=offset,
+            )
+            data = tf.data.experimental.from_variant(variant, tf.TensorSpec([], tf.string))
+            return data.take(1).map(lambda serialized: (shard, record, serialized))
+
+        return tf.data.Dataset.from_tensor_slices(slices).interleave(
+            read_one,
+            cycle_length=_PARALLEL_READS,
+            block_length=1,
+            num_parallel_calls=_PARALLEL_READS,
+            deterministic=True,
+        )
+
+    def parse_and_merge(
+        self, shard: tf.Tensor, record: tf.Tensor, serialized: tf.Tensor
+    ) -> tuple[gn_graphs.GraphsTuple, tf.Tensor]:
+        """Parses a batch of records [B] and merges them into one GraphsTuple."""
+        where = tf.strings.join(
+            ["record ", tf.strings.as_string(record), " of ", tf.gather(self.names, shard)]
+        )
+        values, rows = parse_example_batch(serialized, where, TRAIN_FIELDS)
+        return merge_graphs(values, rows["N"], rows["E"])
+
+
+def _batches(
+    records: tf.data.Dataset,
+    reader: _ShardReader,
+    batch_graphs: int,
+    num_steps: Optional[int] = None,
+) -> tf.data.Dataset:
+    """Batches serialized records, then parses and merges each batch in parallel.
+
+    Parsing a batch at once (fields joined as bytes, decoded once) copies the graph data fewer
+    times than parsing records one by one and ragged-batching them: about 20% faster here, the
+    pipeline being bound by memory copies. ``drop_remainder`` stays off (training streams hold
+    whole batches anyway) so that the number of graphs is dynamic in the element spec, which
+    then equals ``input_signature()``. With ``num_steps`` at most that many batches are taken.
+    """
+    batched = records.batch(batch_graphs)
+    if num_steps is not None:
+        batched = batched.take(num_steps)
+    merged = batched.map(
+        reader.parse_and_merge, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    )
+    return merged.prefetch(tf.data.AUTOTUNE)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _cached_offsets(path: str, size: int, mtime_ns: int, num_records: int) -> np.ndarray:
+    return index_shard_records(path, num_records)
+
+
+def _record_offsets(dataset_dir: Path, table: SplitTable) -> np.ndarray:
+    """int64 [G] byte offset of every graph of the split in its shard (cached per shard file)."""
+    sizes = table.shard_sizes
+    per_shard = []
+    for file, size in zip(table.shard_files, sizes):
+        path = dataset_dir / file
+        stat = path.stat()
+        per_shard.append(_cached_offsets(str(path), stat.st_size, stat.st_mtime_ns, int(size)))
+    return np.concatenate(per_shard)  # rows are in (shard, record) order
+
+
+def _damaged_shard_error(
+    dataset_dir: str | os.PathLike, manifest: Optional[Manifest], err: Exception
+) -> DataError:
+    text = getattr(err, "message", str(err)).split("}} ", 1)[-1].split(" [Op:", 1)[0].strip()
+    if manifest is not None:
+        try:
+            verify_checksums(manifest, dataset_dir)
+        except DataError as named:
+            return DataError(f"reading failed ({text}): {named}")
+    return DataError(
+        f"a shard of {dataset_dir} is truncated or corrupt ({text}) - check it with "
+        "open_dataset(verify=True) or re-run hvdtrack prepare"
+    )

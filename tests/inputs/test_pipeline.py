@@ -1,0 +1,267 @@
+"""tf.data pipelines: merged GraphsTuples that follow the plan, eval parts, signatures, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvdtrack.errors import ConfigError, DataError
+from hvdtrack.graphs.construction import HitGraph
+from hvdtrack.inputs.pipeline import (
+    eval_dataset,
+    input_signature,
+    iterate_batches,
+    plan_train_epoch,
+    train_dataset,
+)
+from hvdtrack.records import RecordsConfig, encode_graph, open_dataset, write_dataset
+from hvdtrack.records.manifest import GraphInfo
+from hvdtrack.records.shards import EncodedGraph
+
+
+@pytest.fixture(scope="module", params=["none", "gzip"])
+def dataset(request, tmp_path_factory, make_graph):
+    """13 train graphs in 4 shards, 7 val graphs; returns (dir, manifest, {(event, section): graph})."""
+    rng = np.random.default_rng(11)
+    graphs = {
+        split: [
+            make_graph(rng, int(rng.integers(2, 30)), int(rng.integers(0, 80)), event, s)
+            for s in range(count)
+        ]
+        for split, event, count in (("train", 1, 13), ("val", 2, 7))
+    }
+    path = tmp_path_factory.mktemp(f"dataset-{request.param}")
+    config = RecordsConfig(graphs_per_shard=4, compression=request.param)
+    write_dataset(graphs, path, config)
+    by_key = {(g.event_id, g.section): g for split in graphs.values() for g in split}
+    return path, open_dataset(path), by_key
+
+
+def merged(graphs: list[HitGraph]) -> dict[str, np.ndarray]:
+    """What a batch of ``graphs`` must look like, merged by hand."""
+    n_node = np.array([g.num_nodes for g in graphs], np.int32)
+    offsets = np.concatenate([[0], np.cumsum(n_node)[:-1]]).astype(np.int32)
+    return {
+        "nodes": np.concatenate([g.nodes for g in graphs]),
+        "edges": np.concatenate([g.edges for g in graphs]),
+        "senders": np.concatenate([g.senders + o for g, o in zip(graphs, offsets)]),
+        "receivers": np.concatenate([g.receivers + o for g, o in zip(graphs, offsets)]),
+        "n_node": n_node,
+        "n_edge": np.array([g.num_edges for g in graphs], np.int32),
+        "globals": np.zeros((len(graphs), 1), np.float32),
+        "labels": np.concatenate([g.labels for g in graphs]),
+    }
+
+
+def assert_batch(batch, graphs: list[HitGraph]) -> None:
+    gt, labels = batch
+    expected = merged(graphs)
+    for name in ("nodes", "edges", "senders", "receivers", "n_node", "n_edge", "globals"):
+        value = getattr(gt, name).numpy()
+        assert value.dtype == expected[name].dtype, name
+        np.testing.assert_array_equal(value, expected[name], err_msg=name)
+    np.testing.assert_array_equal(labels.numpy(), expected["labels"])
+
+
+def graphs_of(manifest, split, ids, by_key) -> list[HitGraph]:
+    table = manifest.split_table(split)
+    return [by_key[(int(table.event_id[i]), int(table.section[i]))] for i in ids]
+
+
+@pytest.mark.parametrize("random_access", [None, False])
+@pytest.mark.parametrize("num_workers, batch_graphs", [(1, 3), (2, 2)])
+def test_train_batches_follow_the_plan_and_merge_graphs(
+    dataset, num_workers, batch_graphs, random_access
+):
+    path, manifest, by_key = dataset
+    for epoch in (0, 1):
+        plan = plan_train_epoch(
+            manifest,
+            num_workers,
+            batch_graphs,
+            seed=4,
+            epoch=epoch,
+            random_access=random_access,
+            shards_per_group=3,
+        )
+        assert (plan.shard_order is None) == (
+            manifest.compression == "none" and random_access is None
+        )
+        for worker in range(num_workers):
+            batches = list(train_dataset(path, manifest, plan, worker))
+            assert len(batches) == plan.num_steps == 13 // (num_workers * batch_graphs)
+            for step, batch in enumerate(batches):
+                assert_batch(
+                    batch, graphs_of(manifest, "train", plan.graph_ids[worker, step], by_key)
+                )
+
+
+@pytest.mark.parametrize("random_access", [None, False])
+def test_several_epochs_are_read_back_to_back_by_one_dataset(dataset, random_access):
+    path, manifest, by_key = dataset
+    plans = [
+        plan_train_epoch(manifest, 2, 2, seed=1, epoch=e, random_access=random_access)
+        for e in range(3)
+    ]
+    batches = list(train_dataset(path, manifest, plans, worker=1))
+    expected = [ids for plan in plans for ids in plan.graph_ids[1]]
+    assert len(batches) == len(expected) == 9
+    for batch, ids in zip(batches, expected):
+        assert_batch(batch, graphs_of(manifest, "train", ids, by_key))
+    other = plan_train_epoch(manifest, 2, 3, seed=1, epoch=3, random_access=random_access)
+    with pytest.raises(ConfigError, match="plans with equal num_workers and batch_graphs"):
+        train_dataset(path, manifest, plans + [other], worker=1)
+
+
+def test_plan_for_another_split_is_refused(dataset):
+    path, manifest, _ = dataset
+    plan = plan_train_epoch(manifest, 1, 2, seed=0, epoch=0, split="val")
+    with pytest.raises(
+        ConfigError,
+        match=r"the epoch plan \(7 graphs (read by offset|in 2 shards)\) was not made for split 'train'",
+    ):
+        train_dataset(path, manifest, plan, 0)
+
+
+def test_random_access_is_refused_for_gzip(tmp_path, make_graph):
+    manifest = write_small(tmp_path, make_graph, "gzip")
+    with pytest.raises(
+        ConfigError, match="has gzip-compressed shards, which cannot be read by offset"
+    ):
+        plan_train_epoch(manifest, 1, 2, seed=0, epoch=0, random_access=True)
+
+
+@pytest.mark.parametrize("num_workers", [2, 3])
+def test_eval_parts_are_disjoint_cover_the_split_and_keep_order(dataset, num_workers):
+    path, manifest, by_key = dataset
+    table = manifest.split_table("val")
+    seen = []
+    for worker in range(num_workers):
+        part = [
+            (table.event_id[i], table.section[i])
+            for i in range(worker * 7 // num_workers, (worker + 1) * 7 // num_workers)
+        ]
+        batches = list(eval_dataset(path, manifest, "val", worker, num_workers, batch_graphs=2))
+        assert [int(b[0].n_node.shape[0]) for b in batches] == [2] * (len(part) // 2) + [1] * (
+            len(part) % 2
+        )
+        for i, batch in enumerate(batches):
+            assert_batch(batch, [by_key[key] for key in part[2 * i : 2 * i + 2]])
+        seen += part
+    assert sorted(seen) == sorted(zip(table.event_id, table.section))
+    assert len(seen) == 7
+
+
+def test_element_spec_is_the_input_signature(dataset):
+    path, manifest, _ = dataset
+    plan = plan_train_epoch(manifest, 1, 2, seed=0, epoch=0)
+    signature = input_signature()
+    assert train_dataset(path, manifest, plan, 0).element_spec == signature
+    assert eval_dataset(path, manifest, "val", 0, 1, 3).element_spec == signature
+
+
+def test_signature_compiles_once_for_every_batch_size(dataset):
+    path, manifest, _ = dataset
+    traces = []
+
+    @tf.function(input_signature=input_signature())
+    def count_edges(graphs, labels):
+        traces.append(1)
+        return tf.reduce_sum(graphs.n_edge) + tf.shape(labels)[0] + tf.shape(graphs.nodes)[0]
+
+    small = next(iter(eval_dataset(path, manifest, "val", 0, 1, batch_graphs=1)))
+    large = next(iter(eval_dataset(path, manifest, "train", 0, 1, batch_graphs=5)))
+    assert small[0].n_node.shape[0] == 1 and large[0].n_node.shape[0] == 5
+    count_edges(*small)
+    count_edges(*large)
+    assert len(traces) == 1
+
+
+def test_empty_split_is_refused_naming_dataset_and_split(dataset):
+    path, manifest, _ = dataset
+    with pytest.raises(DataError, match=rf"{path} has no graphs in split 'test'"):
+        eval_dataset(path, manifest, "test", 0, 1, 2)
+    with pytest.raises(DataError, match=rf"{path} has no graphs in split 'test'"):
+        plan_train_epoch(manifest, 1, 2, 0, 0, split="test", dataset=str(path))
+
+
+def write_small(tmp_path, make_graph, compression="none", extra=()):
+    rng = np.random.default_rng(2)
+    graphs = [make_graph(rng, 10, 30, 5, s) for s in range(6)]
+    config = RecordsConfig(graphs_per_shard=3, compression=compression)
+    write_dataset({"train": list(graphs) + list(extra)}, tmp_path, config)
+    return open_dataset(tmp_path)
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_truncated_shard_read_without_checks_is_a_data_error_naming_it(
+    tmp_path, make_graph, compression
+):
+    manifest = write_small(tmp_path, make_graph, compression)
+    victim = tmp_path / manifest.shards[1].file
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    data = eval_dataset(tmp_path, manifest, "train", 0, 1, 2)
+    with pytest.raises(DataError, match=rf"{victim.name} in .* is \d+ bytes but the manifest says"):
+        list(iterate_batches(data, tmp_path, manifest))
+
+
+def test_changed_shard_read_without_checks_is_a_data_error_naming_it(tmp_path, make_graph):
+    manifest = write_small(tmp_path, make_graph)
+    victim = tmp_path / manifest.shards[0].file
+    data = bytearray(victim.read_bytes())
+    data[40] ^= 0x01
+    victim.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=rf"shard {victim.name} .* does not match its checksum"):
+        open_dataset(tmp_path)
+    plan = plan_train_epoch(
+        open_dataset(tmp_path, verify=False), 1, 6, seed=0, epoch=0, random_access=False
+    )
+    with pytest.raises(
+        DataError, match=rf"reading failed \(corrupted record at \d+\): shard {victim.name}"
+    ):
+        list(iterate_batches(train_dataset(tmp_path, manifest, plan, 0), tmp_path, manifest))
+    plan = plan_train_epoch(manifest, 1, 6, seed=0, epoch=0)  # by offset: CRCs are checked too
+    with pytest.raises(
+        DataError, match=rf"reading failed \(corrupted record at \d+\): shard {victim.name}"
+    ):
+        list(iterate_batches(train_dataset(tmp_path, manifest, plan, 0), tmp_path, manifest))
+
+
+def test_truncated_shard_is_named_when_reading_by_offset(tmp_path, make_graph):
+    manifest = write_small(tmp_path, make_graph)
+    victim = tmp_path / manifest.shards[1].file
+    victim.write_bytes(victim.read_bytes()[:-7])
+    plan = plan_train_epoch(manifest, 1, 2, seed=0, epoch=0)
+    with pytest.raises(
+        DataError, match=rf"shard {victim.name}: record 2 at byte \d+ runs past the end"
+    ):
+        train_dataset(tmp_path, manifest, plan, 0)
+
+
+def test_record_of_another_schema_version_is_a_data_error_naming_it(tmp_path, make_graph):
+    good = encode_graph(make_graph(np.random.default_rng(0), 4, 5, 8, 0))
+    # Version 1 -> 2 in the record's schema_version feature: same length, so a hand-made record.
+    marker = b"\n\x0eschema_version\x12\x05\x1a\x03\n\x01\x01"
+    assert good.example.count(marker) == 1
+    future = EncodedGraph(
+        good.example.replace(marker, marker[:-1] + b"\x02"), GraphInfo(8, 0, 4, 5, 0)
+    )
+    manifest = write_small(tmp_path, make_graph, extra=[future])
+    ((shard, record),) = [(g.shard, g.record) for g in manifest.graphs if g.event_id == 8]
+    name = manifest.shards[shard].file
+    data = eval_dataset(tmp_path, manifest, "train", 0, 1, 7)
+    with pytest.raises(
+        DataError,
+        match=rf"record {record} of {name} has schema version 2; this hvdtrack reads version 1 - "
+        "re-run hvdtrack prepare",
+    ):
+        list(iterate_batches(data, tmp_path, manifest))
+
+
+def test_record_that_cannot_be_parsed_is_a_data_error(tmp_path, make_graph):
+    garbage = EncodedGraph(b"\x0a\x05\x0a\x03\x0a\x01", GraphInfo(9, 0, 1, 1, 0))
+    manifest = write_small(tmp_path, make_graph, extra=[garbage])
+    plan = plan_train_epoch(manifest, 1, 7, seed=0, epoch=0)
+    with pytest.raises(DataError, match=rf"a shard of {tmp_path} is truncated or corrupt"):
+        list(iterate_batches(train_dataset(tmp_path, manifest, plan, 0), tmp_path, manifest))
