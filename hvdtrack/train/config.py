@@ -114,7 +114,6 @@ class DistributedConfig:
     backward_passes_per_step: int = 1
     threads_per_worker: Optional[int] = None
     num_cpu_devices: int = 2
-    balance: bool = True
 
     def __post_init__(self):
         check(self.backward_passes_per_step >= 1, "backward_passes_per_step", "must be >= 1")

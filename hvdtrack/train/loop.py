@@ -25,10 +25,11 @@ from graph_nets import graphs as gn_graphs
 
 from hvdtrack.config import Config, config_to_dict
 from hvdtrack.errors import DataError, TrainingError
-from hvdtrack.inputs import balance, pipeline
+from hvdtrack.inputs import pipeline
+from hvdtrack.inputs.balance import EpochPlan
 from hvdtrack.model.classifier import SegmentClassifier
-from hvdtrack.model.loss import weighted_bce_terms
-from hvdtrack.records.manifest import Manifest
+from hvdtrack.model.loss import weighted_bce_per_edge, weighted_bce_terms
+from hvdtrack.records.manifest import open_dataset
 from hvdtrack.scaling import timing
 from hvdtrack.scaling.energy import EnergyMeter
 from hvdtrack.train import metrics as metrics_lib
@@ -60,14 +61,9 @@ class Trainer:
         self.config = config
         self.workers = workers or make_workers(config.distributed)
         self.dataset_dir = Path(config.data.dataset_dir)
-        self.manifest = Manifest.load(self.dataset_dir)
-        if config.train.verify_checksums:
-            self.manifest.verify_checksums(self.dataset_dir)
-        self.train_edges = self.manifest.edge_counts("train")
-        if len(self.train_edges) == 0:
-            raise DataError(
-                f"{self.dataset_dir}: the train split holds no graphs; run hvdtrack prepare"
-            )
+        self.manifest = open_dataset(self.dataset_dir, verify=config.train.verify_checksums)
+        table = self.manifest.split_table("train", str(self.dataset_dir))
+        self.train_edges = np.asarray(table.num_edges)
         tc, dc = config.train, config.distributed
         self.global_batch = (
             tc.batch_graphs * self.workers.num_replicas * dc.backward_passes_per_step
@@ -127,15 +123,19 @@ class Trainer:
         self._build_steps()
 
     # ----------------------------------------------------------------------------- planning
-    def plan(self, epoch: int) -> balance.EpochPlan:
-        """The balanced assignment of training graphs to workers and steps for ``epoch``."""
-        return balance.plan_epoch(
-            self.train_edges,
-            num_workers=self.workers.num_replicas,
-            batch_graphs=self.config.train.batch_graphs,
-            seed=self.config.train.seed,
-            epoch=epoch,
-            balance=self.config.distributed.balance,
+    def plan(self, epoch: int) -> EpochPlan:
+        """The balanced assignment of training graphs to workers and steps for ``epoch``.
+
+        Identical on every worker (a function of the seed and the epoch); every worker runs the
+        same number of steps, so no collective waits on a worker that ran out of data.
+        """
+        return pipeline.plan_train_epoch(
+            self.manifest,
+            self.workers.num_replicas,
+            self.config.train.batch_graphs,
+            self.config.train.seed,
+            epoch,
+            dataset=str(self.dataset_dir),
         )
 
     # ----------------------------------------------------------------------------- compiled steps
@@ -210,8 +210,8 @@ class Trainer:
         @tf.function(input_signature=[self.graph_spec, self.label_spec])
         def eval_step(graphs, labels):
             logits = model(graphs)
-            per_edge, weights = weighted_bce_terms(
-                logits, labels, tc.true_weight, tc.fake_weight, reduce=False
+            per_edge, weights = weighted_bce_per_edge(
+                logits, labels, tc.true_weight, tc.fake_weight
             )
             return tf.sigmoid(logits[-1]), per_edge, weights
 
@@ -275,11 +275,11 @@ class Trainer:
         """Yields, per step, one (graphs, labels) batch per local replica, in plan order."""
         plan = self.plan(epoch)
         passes = self.config.distributed.backward_passes_per_step
-        skip = first_step * passes
+        # Resuming mid-epoch: the plan is the one made before the interruption; skip what ran.
         iterators = [
             iter(
-                pipeline.train_dataset(
-                    self.dataset_dir, self.manifest, plan, worker, first_step=skip
+                pipeline.train_dataset(self.dataset_dir, self.manifest, plan, worker).skip(
+                    first_step * passes
                 )
             )
             for worker in self.workers.replica_ids
@@ -451,15 +451,11 @@ class _Fit:
                             f"{manager.latest_checkpoint or 'none'}. Lower train.learning_rate or set "
                             "train.grad_clip_norm"
                         )
-                    rows = [
-                        plan.step_graphs(w, step * passes + p)
-                        for w in workers.replica_ids
-                        for p in range(passes)
-                    ]
-                    my_graphs = sum(len(r) for r in rows)
-                    my_edges = int(sum(t.train_edges[r].sum() for r in rows))
+                    plan_steps = slice(step * passes, (step + 1) * passes)
+                    my_graphs = tc.batch_graphs * passes * workers.local_replicas
+                    my_edges = int(plan.edges[plan_steps][:, workers.replica_ids].sum())
                     step_graphs = t.global_batch
-                    step_edges = int(plan.step_edges(step, passes))
+                    step_edges = int(plan.edges[plan_steps].sum())
                     self.steps.append(
                         timing.StepRecord(
                             epoch=epoch,
@@ -491,7 +487,10 @@ class _Fit:
                             )
                             tf.summary.scalar("time/step_s", total_s)
                             tf.summary.scalar("time/data_wait_s", data_s)
-                            tf.summary.scalar("balance/edge_imbalance", plan.step_imbalance(step))
+                            tf.summary.scalar(
+                                "balance/edge_imbalance",
+                                float(plan.step_imbalance[plan_steps].max()),
+                            )
                     if tc.profile_steps and self.chief and global_step == tc.profile_steps[1]:
                         tf.profiler.experimental.stop()
                     bar.update(loss, step_edges / total_s)
@@ -527,7 +526,7 @@ class _Fit:
                     with writer.as_default(step=global_step):
                         tf.summary.scalar("time/epoch_s", epoch_s)
                         tf.summary.scalar("throughput/epoch_edges_per_s", epoch_edges / epoch_s)
-                        tf.summary.scalar("balance/epoch_edge_imbalance", plan.imbalance())
+                        tf.summary.scalar("balance/epoch_edge_imbalance", plan.mean_imbalance)
                         for key, value in val_metrics.items():
                             if key != "num_edges":
                                 tf.summary.scalar(f"val/{key}", value)
