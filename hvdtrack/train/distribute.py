@@ -329,7 +329,9 @@ def _cluster_resolver():
             return resolver_cls.SlurmClusterResolver()
         # On CPU nodes the resolver would call nvidia-smi; tell it there is nothing to pin.
         tasks = int(os.environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0] or 1)
-        return resolver_cls.SlurmClusterResolver(gpus_per_node=tasks, gpus_per_task=1, auto_set_gpu=False)
+        return resolver_cls.SlurmClusterResolver(
+            gpus_per_node=tasks, gpus_per_task=1, auto_set_gpu=False
+        )
     raise ConfigError(
         "'distributed.strategy' is multiworker but neither TF_CONFIG nor a SLURM job environment "
         "is set: set TF_CONFIG on every worker or launch with srun"

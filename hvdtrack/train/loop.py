@@ -275,18 +275,23 @@ class Trainer:
         """Yields, per step, one (graphs, labels) batch per local replica, in plan order."""
         plan = self.plan(epoch)
         passes = self.config.distributed.backward_passes_per_step
+        limit = (self.steps_per_epoch - first_step) * passes
         # Resuming mid-epoch: the plan is the one made before the interruption; skip what ran.
-        iterators = [
-            iter(
-                pipeline.train_dataset(self.dataset_dir, self.manifest, plan, worker).skip(
-                    first_step * passes
-                )
-            )
+        datasets = [
+            pipeline.train_dataset(self.dataset_dir, self.manifest, plan, worker)
+            .skip(first_step * passes)
+            .take(limit)
             for worker in self.workers.replica_ids
         ]
-        limit = (self.steps_per_epoch - first_step) * passes
-        for _ in range(limit):
-            yield [next(it) for it in iterators]
+        iterators = [iter(d) for d in datasets]
+        with pipeline.read_errors_as_data_error(self.dataset_dir, self.manifest):
+            for _ in range(limit):
+                yield [next(it) for it in iterators]
+            # Run each pipeline to its end: an iterator dropped while its prefetch is in flight
+            # can stall for seconds in its destructor (seen under Horovod on 2 cores).
+            for it in iterators:
+                for _ in it:
+                    pass
 
     def fit(self) -> dict[str, Any]:
         """Trains for ``train.epochs`` epochs (resuming if a checkpoint exists); returns run info."""
@@ -497,6 +502,8 @@ class _Fit:
                     t.step_in_epoch.assign(step + 1)
                     if tc.checkpoint_every_steps and global_step % tc.checkpoint_every_steps == 0:
                         self._save(manager, epoch, step + 1)
+                for _ in batches:  # lets the epoch's pipelines finish cleanly
+                    pass
                 bar.close()
                 epoch_s = time.perf_counter() - epoch_start
                 self.graphs_done += epoch_graphs
