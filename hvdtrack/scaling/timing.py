@@ -32,7 +32,7 @@ from hvdtrack.utils.io import atomic_write, write_json
 RUN_INFO_FILE = "run.json"
 TIMING_FILE = "timing.jsonl"
 SCHEMA_VERSION = 1
-STATUSES = ("running", "finished", "failed")
+STATUSES = ("running", "stopped", "finished", "failed")
 ENERGY_SOURCES = ("rapl", "nvml", "estimate")
 STRATEGIES = ("local", "horovod", "mirrored", "multiworker")
 

@@ -14,6 +14,10 @@ class TrainConfig:
 
     ``batch_graphs`` is per worker (per replica) and per step; the global batch is
     ``batch_graphs * num_workers * backward_passes_per_step``.
+
+    ``stop_after_steps`` ends this invocation after that many optimizer steps with a checkpoint
+    (status "stopped"), e.g. to fit a batch job's time limit; running the same command again
+    resumes exactly where it stopped.
     """
 
     run_dir: str = "runs/default"
@@ -35,6 +39,7 @@ class TrainConfig:
     thresholds: tuple[float, ...] = (0.5,)
     seed: int = 1
     checkpoint_every_steps: Optional[int] = None
+    stop_after_steps: Optional[int] = None
     keep_checkpoints: int = 3
     resume: bool = True
     validate_every_epochs: int = 1
@@ -83,6 +88,11 @@ class TrainConfig:
         check(
             self.checkpoint_every_steps is None or self.checkpoint_every_steps >= 1,
             "checkpoint_every_steps",
+            "must be >= 1 or null",
+        )
+        check(
+            self.stop_after_steps is None or self.stop_after_steps >= 1,
+            "stop_after_steps",
             "must be >= 1 or null",
         )
         check(self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1")

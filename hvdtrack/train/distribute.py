@@ -45,9 +45,13 @@ def _threads_per_process(processes_on_host: int) -> int:
 
 
 def _set_threads(threads: int) -> None:
-    # Must run before TensorFlow's runtime starts (before the first op).
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+    # Only possible before TensorFlow's runtime starts (before the first op); a process that
+    # already ran ops (a notebook, a test) keeps its settings.
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+    except RuntimeError:
+        pass
 
 
 class Workers:

@@ -24,7 +24,7 @@ import tensorflow as tf
 from graph_nets import graphs as gn_graphs
 
 from hvdtrack.config import Config, config_to_dict
-from hvdtrack.errors import DataError, TrainingError
+from hvdtrack.errors import ConfigError, DataError, TrainingError
 from hvdtrack.inputs import pipeline
 from hvdtrack.inputs.balance import EpochPlan
 from hvdtrack.model.classifier import SegmentClassifier
@@ -264,7 +264,14 @@ class Trainer:
         """Restores the newest checkpoint under ``directory``; returns its path or None."""
         latest = tf.train.latest_checkpoint(str(directory))
         if latest:
-            self.checkpoint.restore(latest).assert_existing_objects_matched()
+            try:
+                self.checkpoint.restore(latest).assert_existing_objects_matched()
+            except (AssertionError, ValueError, tf.errors.OpError) as err:
+                raise ConfigError(
+                    f"checkpoint {latest} does not fit the configured model ({str(err).splitlines()[0]}); "
+                    f"it was written with the model settings in {directory.parent / 'config.yaml'}. "
+                    "Use another train.run_dir, or train.resume=false to start afresh"
+                ) from None
         # Whatever each rank holds now, rank 0's values win (fresh start: the random init).
         self.workers.broadcast_variables(
             self.variables + self.optimizer.m + self.optimizer.v + [self.optimizer.step]
@@ -311,6 +318,8 @@ class _Fit:
         self.best_dir = self.run_dir / "best"
         self.steps: list[timing.StepRecord] = []
         self.epochs: list[timing.EpochRecord] = []
+        self.prior_steps: list[timing.StepRecord] = []  # resumed run: all ranks' earlier records
+        self.prior_epochs: list[timing.EpochRecord] = []
         self.graphs_done = 0
         self.edges_done = 0
 
@@ -346,35 +355,26 @@ class _Fit:
             info["energy"] = energy
         return info
 
+    def _gather(self, records: list, cls: type) -> list:
+        """``records`` (dataclasses) of every rank, concatenated in rank order, on every rank."""
+        payload = np.frombuffer(
+            json.dumps([dataclasses.asdict(r) for r in records]).encode(), np.uint8
+        )
+        sizes = self.workers.allgather_host(np.array([payload.size], np.int64))
+        joined = self.workers.allgather_host(payload).tobytes()
+        out, start = [], 0
+        for size in sizes:
+            out += [cls(**d) for d in json.loads(joined[start : start + int(size)])]
+            start += int(size)
+        return out
+
     def _gather_records(self) -> tuple[list, list]:
-        """Step and epoch records of every rank, gathered to all (rank 0 writes them)."""
-        cols = [f.name for f in dataclasses.fields(timing.StepRecord)]
-        local = np.array(
-            [
-                [np.nan if getattr(r, c) is None else float(getattr(r, c)) for c in cols]
-                for r in self.steps
-            ],
-            np.float64,
-        ).reshape(-1, len(cols))
-        rows = self.workers.allgather_host(local)
-        steps = [
-            timing.StepRecord(
-                **{
-                    c: (
-                        bool(v)
-                        if c == "warmup"
-                        else None
-                        if np.isnan(v)
-                        else int(v)
-                        if c in ("epoch", "step", "rank", "graphs", "edges")
-                        else float(v)
-                    )
-                    for c, v in zip(cols, row)
-                }
-            )
-            for row in rows
-        ]
-        return steps, self.epochs
+        """Step and epoch records of every rank (those of earlier invocations first)."""
+        # Every rank runs the same steps, so every rank reaches these collectives.
+        self.prior_steps += self._gather(self.steps, timing.StepRecord)
+        self.prior_epochs += self._gather(self.epochs, timing.EpochRecord)
+        self.steps, self.epochs = [], []
+        return self.prior_steps, self.prior_epochs
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -395,7 +395,7 @@ class _Fit:
         )
         restored = t.restore(self.ckpt_dir) if tc.resume else t.restore(Path("/nonexistent"))
         if restored and previous is not None:
-            self.steps, self.epochs = list(previous.steps), list(previous.epochs)
+            self.prior_steps, self.prior_epochs = list(previous.steps), list(previous.epochs)
             self.graphs_done = int(previous.info.get("graphs_processed", 0))
             self.edges_done = int(previous.info.get("edges_processed", 0))
         start_epoch, start_step = int(t.epoch.numpy()), int(t.step_in_epoch.numpy())
@@ -420,6 +420,8 @@ class _Fit:
         val_metrics: dict[str, float] = {}
         warmup = cfg.scaling.timing_warmup_steps
         global_step = start_epoch * t.steps_per_epoch + start_step
+        stop_at = global_step + tc.stop_after_steps if tc.stop_after_steps else None
+        stopped = False
         passes = cfg.distributed.backward_passes_per_step
         try:
             for epoch in range(start_epoch, tc.epochs):
@@ -502,6 +504,17 @@ class _Fit:
                     t.step_in_epoch.assign(step + 1)
                     if tc.checkpoint_every_steps and global_step % tc.checkpoint_every_steps == 0:
                         self._save(manager, epoch, step + 1)
+                    if (
+                        stop_at is not None
+                        and global_step >= stop_at
+                        and step + 1 < t.steps_per_epoch
+                    ):
+                        self._save(manager, epoch, step + 1)
+                        stopped = True
+                        break
+                if stopped:
+                    bar.close()
+                    break
                 for _ in batches:  # lets the epoch's pipelines finish cleanly
                     pass
                 bar.close()
@@ -547,8 +560,12 @@ class _Fit:
                     timing.write_run(
                         self.run_dir, self._info("running", val_metrics), steps, epochs
                     )
+                if stop_at is not None and global_step >= stop_at and epoch + 1 < tc.epochs:
+                    stopped = True
+                    break
         except BaseException:
-            steps, epochs = self.steps, self.epochs
+            # No collective here: another rank may already be gone. Rank 0 keeps its own records.
+            steps, epochs = self.prior_steps + self.steps, self.prior_epochs + self.epochs
             if self.chief:
                 timing.write_run(self.run_dir, self._info("failed", val_metrics), steps, epochs)
             raise
@@ -556,10 +573,11 @@ class _Fit:
         energy = dataclasses.asdict(reading)
         energy["joules"] = float(workers.allreduce_host(np.array([reading.joules]))[0])
         steps, epochs = self._gather_records()
-        info = self._info("finished", val_metrics, energy)
+        info = self._info("stopped" if stopped else "finished", val_metrics, energy)
         if self.chief:
             timing.write_run(self.run_dir, info, steps, epochs)
-            print(f"[hvdtrack] run directory: {self.run_dir}", flush=True)
+            note = " (stopped: run the same command again to resume)" if stopped else ""
+            print(f"[hvdtrack] run directory: {self.run_dir}{note}", flush=True)
         writer.close()
         return info
 

@@ -1,0 +1,99 @@
+"""The training loop on one process: learning, one trace, exact resume, clear failures."""
+
+import json
+
+import numpy as np
+import pytest
+
+from hvdtrack.errors import ConfigError, DataError, TrainingError
+from hvdtrack.train.loop import Trainer
+
+
+def weights(trainer):
+    return [v.numpy() for v in trainer.variables]
+
+
+def test_loss_falls_and_the_step_compiles_once(tiny_config):
+    trainer = Trainer(tiny_config("train.epochs=4", "train.learning_rate=0.02"))
+    before = trainer.evaluate("val")["loss"]
+    info = trainer.fit()
+    after = trainer.evaluate("val")["loss"]
+    assert info["status"] == "finished"
+    assert after < 0.8 * before
+    # The tiny graphs differ in size at every step; one trace serves them all.
+    sizes = {
+        r["edges"]
+        for r in map(json.loads, open(f"{info['config']['train']['run_dir']}/timing.jsonl"))
+        if r["kind"] == "step"
+    }
+    assert len(sizes) > 3
+    assert trainer.trace_count() == 1
+
+
+def test_run_directory_contents(tiny_config):
+    config = tiny_config("train.epochs=2")
+    Trainer(config).fit()
+    run = __import__("pathlib").Path(config.train.run_dir)
+    info = json.loads((run / "run.json").read_text())
+    assert info["status"] == "finished" and info["num_workers"] == 1
+    assert info["metrics"]["auc"] == info["metrics"]["auc"]  # not NaN
+    assert set(json.loads((run / "versions.json").read_text())["packages"]) >= {
+        "horovod",
+        "graph-nets",
+    }
+    assert (run / "config.yaml").exists() and list(
+        (run / "tensorboard").glob("events.out.tfevents.*")
+    )
+    assert (run / "checkpoints" / "checkpoint").exists() and (run / "best" / "checkpoint").exists()
+
+
+def test_resume_continues_exactly(tiny_config):
+    straight = Trainer(tiny_config("train.epochs=3", run="straight"))
+    straight.fit()
+    # 4 steps per epoch: stop in the middle of epoch 2, then run the same command again.
+    first = Trainer(tiny_config("train.epochs=3", "train.stop_after_steps=6", run="resumed"))
+    assert first.fit()["status"] == "stopped"
+    assert (int(first.epoch.numpy()), int(first.step_in_epoch.numpy())) == (1, 2)
+    second = Trainer(tiny_config("train.epochs=3", run="resumed"))
+    info = second.fit()
+    assert info["status"] == "finished"
+    for a, b in zip(weights(straight), weights(second)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert int(second.optimizer.step.numpy()) == int(straight.optimizer.step.numpy()) == 12
+    # Timing records of both invocations are kept, each step once.
+    steps = [
+        (r["epoch"], r["step"])
+        for r in map(json.loads, open(tiny_config(run="resumed").train.run_dir + "/timing.jsonl"))
+        if r["kind"] == "step"
+    ]
+    assert sorted(steps) == [(e, s) for e in range(3) for s in range(4)]
+
+
+def test_non_finite_loss_names_the_step_and_keeps_the_last_checkpoint(tiny_config):
+    trainer = Trainer(
+        tiny_config("train.epochs=3", "train.learning_rate=1e35", "train.warmup_epochs=0")
+    )
+    with pytest.raises(
+        TrainingError,
+        match=r"loss is (nan|inf) at epoch \d+ step \d+ \(global step \d+\).*Last good checkpoint",
+    ):
+        trainer.fit()
+    info = json.loads(open(tiny_config().train.run_dir + "/run.json").read())
+    assert info["status"] == "failed"
+
+
+def test_too_few_graphs_for_one_step(tiny_config):
+    with pytest.raises(DataError, match=r"8 graphs.*(need|needs|needed)|no full step"):
+        Trainer(tiny_config("train.batch_graphs=9"))
+
+
+def test_missing_dataset_is_named(tiny_config, tmp_path):
+    with pytest.raises(DataError, match=str(tmp_path / "nowhere")):
+        Trainer(tiny_config(f"data.dataset_dir={tmp_path / 'nowhere'}"))
+
+
+def test_checkpoint_of_another_model_is_refused(tiny_config):
+    Trainer(tiny_config("train.epochs=1", run="shape")).fit()
+    other = Trainer(tiny_config("train.epochs=2", "model.node_encoder=[8, 16]", run="shape"))
+    with pytest.raises(ConfigError, match=r"does not fit the configured model.*train.resume=false"):
+        other.fit()
