@@ -295,11 +295,13 @@ class StrategyWorkers(Workers):
         if self.num_processes == 1:
             return values
         local = self.local_replicas
-        empty = values[:0]
+        # Collective gathers take 32/64-bit types only: widen small integers, narrow back after.
+        wide = values.astype(np.int32) if values.dtype.itemsize < 4 else values
+        empty = wide[:0]
         per_replica = self.strategy.experimental_distribute_values_from_function(
-            lambda ctx: tf.constant(values if ctx.replica_id_in_sync_group % local == 0 else empty)
+            lambda ctx: tf.constant(wide if ctx.replica_id_in_sync_group % local == 0 else empty)
         )
-        return self.strategy.gather(per_replica, axis=0).numpy()
+        return self.strategy.gather(per_replica, axis=0).numpy().astype(values.dtype)
 
     def barrier(self):
         self.allreduce_host(np.zeros(1))

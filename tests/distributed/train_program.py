@@ -1,0 +1,86 @@
+"""Runs the real training loop under a distribution strategy and prints what the tests check.
+
+  python tests/distributed/train_program.py CONFIG DATASET OUT STRATEGY [overrides...]
+
+Writes, per process, OUT/result-rank{rank}.json with:
+  grads: the reduced gradients of step 0 of epoch 0 (saved to OUT/grads-rank0.npz by rank 0,
+    with the initial weights and the graph ids every worker used);
+  val: validation metrics with the initial weights;
+  losses_a / losses_b: per-epoch training losses of two identical fits (determinism);
+  weights: a checksum of every variable after training (equal on every rank after broadcast).
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from hvdtrack.config import load_config
+from hvdtrack.train.loop import Trainer
+
+
+def main() -> None:
+    config_path, dataset, out, strategy, *overrides = sys.argv[1:]
+    out = Path(out)
+
+    def config(run: str):
+        return load_config(
+            config_path,
+            [
+                f"data.dataset_dir={dataset}",
+                f"train.run_dir={out / run}",
+                f"distributed.strategy={strategy}",
+                "train.progress_bar=false",
+                *overrides,
+            ],
+        )
+
+    trainer = Trainer(config("a"))
+    trainer.restore(out / "a" / "no-checkpoint")  # the broadcast of rank 0's initial weights
+    initial = [v.numpy() for v in trainer.variables]
+    plan = trainer.plan(0)
+    batches = next(trainer.batches(0, 0))
+    loss, grads = trainer.gradients(batches)
+    val = trainer.evaluate("val")
+    rank = trainer.workers.rank
+    if rank == 0:
+        np.savez(
+            out / "grads-rank0.npz",
+            graph_ids=plan.graph_ids[:, 0, :],
+            loss=loss,
+            **{f"grad{i}": g for i, g in enumerate(grads)},
+            **{f"init{i}": w for i, w in enumerate(initial)},
+        )
+    info_a = trainer.fit()
+    losses_a = [e.train_loss for e in _epochs(out / "a")]
+    weights = [float(np.abs(v.numpy()).sum()) for v in trainer.variables]
+    trainer_b = Trainer(config("b"))
+    trainer_b.fit()
+    losses_b = [e.train_loss for e in _epochs(out / "b")]
+    # One file per rank: launchers interleave the ranks' stdout.
+    (out / f"result-rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "rank": rank,
+                "num_workers": trainer.workers.num_replicas,
+                "loss0": loss,
+                "val": {k: v for k, v in val.items()},
+                "status": info_a["status"],
+                "losses_a": losses_a,
+                "losses_b": losses_b,
+                "weights": weights,
+            }
+        )
+    )
+    trainer.workers.shutdown()
+
+
+def _epochs(run_dir: Path):
+    from hvdtrack.scaling.timing import read_run
+
+    return [e for e in read_run(run_dir).epochs if e.rank == 0]
+
+
+if __name__ == "__main__":
+    main()
