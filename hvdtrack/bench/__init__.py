@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m hvdtrack.bench.<name>`` prints measured figures for one stage."""

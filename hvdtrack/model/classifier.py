@@ -1,0 +1,380 @@
+"""Segment classifier: encode-process-decode interaction network giving one logit per edge.
+
+The architecture of the 2019-2020 graph_nets tracking studies:
+
+1. Encoders (``node_encoder``, ``edge_encoder``): an MLP on the input node features [N, F_n] and
+   edge features [E, F_e], giving the encoded latents [N, L_n] and [E, L_e].
+2. Core, applied ``num_message_passing_steps`` times with the same weights, each time to the
+   concatenation [encoded latent, current latent] (the current latent starts as the encoded one):
+   - ``edge_update``: MLP of [edge, receiver node, sender node] -> new edge latent [E, L_e];
+   - ``node_update``: MLP of [sum of received edges, sum of sent edges, node] -> [N, L_n].
+   ``graph_nets.modules.InteractionNetwork`` only aggregates received edges; a hit in the middle
+   of a track needs both its inner and outer segments, so the core is built from
+   ``blocks.EdgeBlock`` and ``blocks.NodeBlock(use_received_edges=True, use_sent_edges=True)``
+   with sum reducers (``segment_sum``: ``tf.math.unsorted_segment_sum``, cheaper gradient).
+3. Output head (``edge_output``): MLP ``output_head`` sizes then one linear unit -> logit [E],
+   applied after every core step (``output_every_step``) or after the last one.
+
+Globals are not used (inputs carry zeros [num_graphs, 1]). Variables are created on the first
+call, Sonnet style, with stable names ``<name>/{node_encoder,edge_encoder,edge_update,
+node_update,edge_output}/...``.
+
+Public symbols: ``ModelConfig``, ``SegmentClassifier``, ``FactorizedEdgeUpdate``, ``segment_sum``,
+``make_mlp``, ``MODULE_NAMES``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Literal
+
+import sonnet as snt
+import tensorflow as tf
+from graph_nets import blocks
+from graph_nets.graphs import GraphsTuple
+
+from hvdtrack.configtools import check
+
+ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
+    "relu": tf.nn.relu,
+    "tanh": tf.nn.tanh,
+    "elu": tf.nn.elu,
+}
+
+# The sub-modules holding variables, in data-flow order; variable names start with these.
+MODULE_NAMES = ("node_encoder", "edge_encoder", "edge_update", "node_update", "edge_output")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The ``model:`` config section: layer sizes of the segment classifier.
+
+    Attributes:
+      node_encoder: MLP sizes applied to the input node features; the last is the node latent size.
+      edge_encoder: MLP sizes applied to the input edge features; the last is the edge latent size.
+      edge_update: core edge MLP sizes; the last must equal ``edge_encoder[-1]`` (the latent is
+        concatenated with the encoded edges at every step).
+      node_update: core node MLP sizes; the last must equal ``node_encoder[-1]``.
+      num_message_passing_steps: times the shared core is applied.
+      layer_norm: add a LayerNorm after the encoder and core MLPs.
+      output_every_step: return the edge logits after every step (the loss averages them), or
+        only after the last.
+      output_head: hidden sizes of the edge output MLP; a final 1-unit linear layer is added.
+      activation: non-linearity of every MLP.
+      factorized_edge_update: compute the edge update's first layer part by part instead of on
+        the concatenated [E, 2 L_e + 4 L_n] input: the node parts on the N nodes before the
+        gather ((x @ W_r)[receivers] rather than x[receivers] @ W_r) and the encoded parts once
+        per forward pass rather than once per step. Same function, same variables (names and
+        shapes), fewer FLOPs and no [E, 384] concatenation; see ``hvdtrack.bench.model``.
+    """
+
+    node_encoder: tuple[int, ...] = (128, 64)
+    edge_encoder: tuple[int, ...] = (128, 64)
+    edge_update: tuple[int, ...] = (128, 64)
+    node_update: tuple[int, ...] = (128, 64)
+    num_message_passing_steps: int = 8
+    layer_norm: bool = False
+    output_every_step: bool = True
+    output_head: tuple[int, ...] = (64,)
+    activation: Literal["relu", "tanh", "elu"] = "relu"
+    factorized_edge_update: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("node_encoder", "edge_encoder", "edge_update", "node_update", "output_head"):
+            sizes = getattr(self, key)
+            check(isinstance(sizes, (tuple, list)), key, f"must be a list of sizes, got {sizes!r}")
+            object.__setattr__(self, key, tuple(sizes))
+            check(
+                all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes),
+                key,
+                f"sizes must be integers > 0, got {list(sizes)}",
+            )
+            check(key == "output_head" or len(sizes) > 0, key, "must list at least one layer size")
+        check(
+            self.edge_update[-1] == self.edge_encoder[-1],
+            "edge_update",
+            f"last size ({self.edge_update[-1]}) must equal the edge latent size "
+            f"edge_encoder[-1] ({self.edge_encoder[-1]})",
+        )
+        check(
+            self.node_update[-1] == self.node_encoder[-1],
+            "node_update",
+            f"last size ({self.node_update[-1]}) must equal the node latent size "
+            f"node_encoder[-1] ({self.node_encoder[-1]})",
+        )
+        steps = self.num_message_passing_steps
+        check(
+            isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1,
+            "num_message_passing_steps",
+            f"must be an integer >= 1, got {steps!r}",
+        )
+        for key in ("layer_norm", "output_every_step", "factorized_edge_update"):
+            check(isinstance(getattr(self, key), bool), key, "must be true or false")
+        check(
+            self.activation in ACTIVATIONS,
+            "activation",
+            f"must be one of {', '.join(map(repr, ACTIVATIONS))}, got {self.activation!r}",
+        )
+
+    @property
+    def node_latent_size(self) -> int:
+        return self.node_encoder[-1]
+
+    @property
+    def edge_latent_size(self) -> int:
+        return self.edge_encoder[-1]
+
+
+def segment_sum(values: tf.Tensor, segment_ids: tf.Tensor, num_segments) -> tf.Tensor:
+    """``tf.math.unsorted_segment_sum`` whose gradient is a plain gather.
+
+    TensorFlow's own gradient also handles negative (dropped) ids with an extra zeros_like and
+    select over [E, width]; edge endpoints are always valid node indices, so those are wasted
+    (about 5% of a training step; see ``hvdtrack.bench.model --profile``).
+
+    Args:
+      values: float32 [E, width].
+      segment_ids: int32 [E], each in [0, num_segments).
+      num_segments: scalar int, N.
+
+    Returns:
+      float32 [N, width], row n the sum of the rows of ``values`` whose id is n.
+    """
+
+    @tf.custom_gradient
+    def _sum(values):
+        def grad(upstream):
+            return tf.gather(upstream, segment_ids)
+
+        return tf.math.unsorted_segment_sum(values, segment_ids, num_segments), grad
+
+    return _sum(values)
+
+
+def make_mlp(
+    sizes: tuple[int, ...], config: ModelConfig, with_layer_norm: bool, activate_final: bool
+) -> snt.Module:
+    """Returns an MLP with ``config.activation`` (named ``mlp``), then a LayerNorm if asked.
+
+    Built inside the calling module's constructor, so its variables sit under that module's name.
+    """
+    mlp = snt.nets.MLP(
+        list(sizes), activation=ACTIVATIONS[config.activation], activate_final=activate_final
+    )
+    if not with_layer_norm:
+        return mlp
+    return snt.Sequential([mlp, snt.LayerNorm(axis=-1, create_scale=True, create_offset=True)])
+
+
+class SegmentClassifier(snt.Module):
+    """Edge classifier over graph_nets ``GraphsTuple``s (sparse gather / segment-sum messages).
+
+    Example:
+      >>> model = SegmentClassifier(ModelConfig(num_message_passing_steps=2))
+      >>> logits = model(graphs)  # list of 2 tensors of shape [total edges]
+    """
+
+    def __init__(self, config: ModelConfig, name: str = "segment_classifier"):
+        """Builds the (variable-free, until first call) modules.
+
+        Args:
+          config: the validated ``model:`` section.
+          name: module name; the prefix of every variable name.
+
+        Raises:
+          TypeError: if ``config`` is not a ``ModelConfig``.
+        """
+        _check_config(config, type(self).__name__)
+        super().__init__(name=name)
+        self._config = config
+
+        def mlp_fn(sizes: tuple[int, ...]) -> Callable[[], snt.Module]:
+            return lambda: make_mlp(
+                sizes, config, with_layer_norm=config.layer_norm, activate_final=True
+            )
+
+        def head_fn() -> snt.Module:
+            sizes = config.output_head + (1,)
+            return make_mlp(sizes, config, with_layer_norm=False, activate_final=False)
+
+        edges_only = dict(use_receiver_nodes=False, use_sender_nodes=False, use_globals=False)
+        self._node_encoder = blocks.NodeBlock(
+            mlp_fn(config.node_encoder),
+            use_received_edges=False,
+            use_sent_edges=False,
+            use_globals=False,
+            name="node_encoder",
+        )
+        self._edge_encoder = blocks.EdgeBlock(
+            mlp_fn(config.edge_encoder), name="edge_encoder", **edges_only
+        )
+        if config.factorized_edge_update:
+            self._edge_update = FactorizedEdgeUpdate(config, name="edge_update")
+        else:
+            self._edge_update = blocks.EdgeBlock(
+                mlp_fn(config.edge_update),
+                use_edges=True,
+                use_receiver_nodes=True,
+                use_sender_nodes=True,
+                use_globals=False,
+                name="edge_update",
+            )
+        self._node_update = blocks.NodeBlock(
+            mlp_fn(config.node_update),
+            use_received_edges=True,
+            use_sent_edges=True,
+            use_nodes=True,
+            use_globals=False,
+            received_edges_reducer=segment_sum,
+            sent_edges_reducer=segment_sum,
+            name="node_update",
+        )
+        self._edge_output = blocks.EdgeBlock(head_fn, name="edge_output", **edges_only)
+
+    @property
+    def config(self) -> ModelConfig:
+        return self._config
+
+    def __call__(self, graphs: GraphsTuple) -> list[tf.Tensor]:
+        """Scores every edge of a batch of graphs.
+
+        Args:
+          graphs: a ``GraphsTuple`` with nodes float32 [N, F_n], edges float32 [E, F_e],
+            senders and receivers int32 [E] (indices into the N nodes of the whole batch),
+            n_node / n_edge int32 [num_graphs]; globals are ignored.
+
+        Returns:
+          Edge logits, float32 [E] each: one per message-passing step if
+          ``config.output_every_step``, else a list holding the last step's only.
+        """
+        _check_graphs(graphs, type(self).__name__)
+        encoded = self._edge_encoder(self._node_encoder(graphs))
+        factorized = self._config.factorized_edge_update
+        if factorized:
+            invariant = self._edge_update.encoded_terms(encoded)
+        latent = encoded
+        outputs = []
+        for step in range(self._config.num_message_passing_steps):
+            core_nodes = tf.concat([encoded.nodes, latent.nodes], axis=-1)
+            if factorized:
+                core_input = latent.replace(
+                    nodes=core_nodes, edges=self._edge_update(latent, invariant)
+                )
+            else:
+                core_input = self._edge_update(
+                    latent.replace(
+                        nodes=core_nodes,
+                        edges=tf.concat([encoded.edges, latent.edges], axis=-1),
+                    )
+                )
+            latent = self._node_update(core_input)
+            last = step == self._config.num_message_passing_steps - 1
+            if self._config.output_every_step or last:
+                logits = self._edge_output(latent).edges
+                outputs.append(tf.squeeze(logits, axis=-1))
+        return outputs
+
+
+class _LinearStack(snt.Module):
+    """The Linear layers of an MLP, named like ``snt.nets.MLP``'s (``mlp/linear_<i>``)."""
+
+    def __init__(self, sizes: tuple[int, ...], name: str = "mlp"):
+        super().__init__(name=name)
+        self.layers = [snt.Linear(size, name=f"linear_{i}") for i, size in enumerate(sizes)]
+
+
+class FactorizedEdgeUpdate(snt.Module):
+    """The core edge update with its first layer applied part by part (same weights and result).
+
+    The first layer of the edge MLP multiplies the concatenation [e_enc, e, r_enc, r, s_enc, s]
+    ([E, 2 L_e + 4 L_n]: encoded and current edge, receiver node and sender node latents, in
+    ``blocks.EdgeBlock``'s order) by W. Split W by rows into W_e_enc, W_e, W_r_enc, ... Then
+
+        h = (e_enc @ W_e_enc + b) + e @ W_e
+            + (x_enc @ W_r_enc + x @ W_r)[receivers] + (x_enc @ W_s_enc + x @ W_s)[senders]
+
+    where the node products run on the N nodes (not the E edges), and the bracketed encoded
+    terms are the same at every step, so ``encoded_terms`` computes them once per forward pass.
+    Variable names and shapes are those of the ``blocks.EdgeBlock`` version
+    (``edge_update/mlp/linear_<i>/{w,b}``, ``edge_update/layer_norm/...``).
+    """
+
+    def __init__(self, config: ModelConfig, name: str = "edge_update"):
+        super().__init__(name=name)
+        self._config = config
+        self._activation = ACTIVATIONS[config.activation]
+        self._mlp = _LinearStack(config.edge_update, name="mlp")
+        self._norm = (
+            snt.LayerNorm(axis=-1, create_scale=True, create_offset=True)
+            if config.layer_norm
+            else None
+        )
+
+    def _first_layer_blocks(self) -> dict[str, tf.Tensor]:
+        first = self._mlp.layers[0]
+        le, ln = self._config.edge_latent_size, self._config.node_latent_size
+        if not hasattr(first, "w"):  # Sonnet-style lazy creation, with the full input width
+            first(tf.zeros([0, 2 * le + 4 * ln]))
+        w = first.w
+        rows = dict(e_enc=le, e=le, r_enc=ln, r=ln, s_enc=ln, s=ln)
+        parts = tf.split(w, list(rows.values()), axis=0)
+        return dict(zip(rows, parts), b=first.b)
+
+    def encoded_terms(self, encoded: GraphsTuple) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """The step-independent terms of the first layer.
+
+        Args:
+          encoded: the encoders' output: nodes [N, L_n], edges [E, L_e].
+
+        Returns:
+          edge_term: float32 [E, H], ``e_enc @ W_e_enc + b``.
+          receiver_term, sender_term: float32 [N, H], ``x_enc @ W_r_enc`` and ``x_enc @ W_s_enc``.
+        """
+        p = self._first_layer_blocks()
+        return (
+            encoded.edges @ p["e_enc"] + p["b"],
+            encoded.nodes @ p["r_enc"],
+            encoded.nodes @ p["s_enc"],
+        )
+
+    def __call__(
+        self, latent: GraphsTuple, encoded_terms: tuple[tf.Tensor, tf.Tensor, tf.Tensor]
+    ) -> tf.Tensor:
+        """New edge latents, float32 [E, L_e], from the current latents and ``encoded_terms``."""
+        p = self._first_layer_blocks()
+        edge_term, receiver_term, sender_term = encoded_terms
+        h = (
+            edge_term
+            + latent.edges @ p["e"]
+            + tf.gather(latent.nodes @ p["r"] + receiver_term, latent.receivers)
+            + tf.gather(latent.nodes @ p["s"] + sender_term, latent.senders)
+        )
+        h = self._activation(h)
+        for layer in self._mlp.layers[1:]:
+            h = self._activation(layer(h))
+        return h if self._norm is None else self._norm(h)
+
+
+def _check_config(config: object, who: str) -> None:
+    if not isinstance(config, ModelConfig):
+        raise TypeError(
+            f"{who}: config must be a hvdtrack.model.ModelConfig, got {type(config).__name__}; "
+            "build one with ModelConfig(...) or configtools.from_mapping(ModelConfig, mapping)"
+        )
+
+
+def _check_graphs(graphs: object, who: str) -> None:
+    if not isinstance(graphs, GraphsTuple):
+        raise TypeError(f"{who}: expected a graph_nets GraphsTuple, got {type(graphs).__name__}")
+    for field in ("nodes", "edges", "senders", "receivers", "n_node", "n_edge"):
+        if getattr(graphs, field) is None:
+            raise ValueError(
+                f"{who}: the input GraphsTuple has no '{field}'; all of nodes, "
+                "edges, senders, receivers, n_node and n_edge are needed"
+            )
+    for field in ("nodes", "edges"):
+        rank = getattr(graphs, field).shape.rank
+        if rank is not None and rank != 2:
+            raise ValueError(
+                f"{who}: graphs.{field} must have rank 2 [count, features], " f"got rank {rank}"
+            )

@@ -1,0 +1,198 @@
+"""Analytic size and cost of the segment classifier: parameters, gradient bytes, matmul FLOPs.
+
+One table (``linear_layers``) lists every linear layer of the model with its input and output
+widths, whether it runs over nodes or edges, and how often per forward pass; the parameter count
+and the FLOP count both derive from it, so they cannot drift apart.
+
+FLOP convention (multiply and add counted separately): a [m, k] @ [k, n] matmul costs 2*m*k*n.
+A training step costs 3x the forward matmuls (forward, gradient w.r.t. the input, gradient
+w.r.t. the weights), except for the first layer of each encoder, which needs no input gradient
+(2x). Only matmuls are counted: bias adds, activations, LayerNorm, concatenations, gathers,
+segment sums and the optimizer update are left out (they are O(E * width), not
+O(E * width^2)), so the count is a lower bound on the work done and "achieved FLOP/s" is the
+matmul throughput that the step sustains.
+
+Public symbols: ``Linear``, ``linear_layers``, ``step_matmuls``, ``num_parameters``, ``forward_flops``,
+``train_step_flops``, ``dense_incidence_flops``, ``num_trainable_parameters``,
+``gradient_bytes``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Sequence
+
+import tensorflow as tf
+
+from hvdtrack.model.classifier import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Linear:
+    """``calls`` matmuls of [rows, fan_in] @ [fan_in, fan_out] per forward pass.
+
+    ``input_grad`` is False when the backward pass needs no gradient w.r.t. the input (the
+    first layer of an encoder reads the input features, which are not trained).
+    """
+
+    module: str
+    index: int
+    rows: Literal["nodes", "edges"]
+    fan_in: int
+    fan_out: int
+    calls: int
+    input_grad: bool = True
+
+
+def linear_layers(
+    config: ModelConfig, num_node_features: int, num_edge_features: int
+) -> list[Linear]:
+    """Lists the linear layers of ``SegmentClassifier(config)`` in data-flow order.
+
+    One entry per layer (weights [fan_in, fan_out] and bias [fan_out]), with the matmuls of the
+    plain formulation (each MLP applied to its concatenated input).
+
+    Args:
+      config: the model configuration.
+      num_node_features: F_n, width of the input node features.
+      num_edge_features: F_e, width of the input edge features.
+    """
+    ln, le = config.node_latent_size, config.edge_latent_size
+    steps = config.num_message_passing_steps
+    head_calls = steps if config.output_every_step else 1
+    blocks = [
+        ("node_encoder", "nodes", num_node_features, config.node_encoder, 1),
+        ("edge_encoder", "edges", num_edge_features, config.edge_encoder, 1),
+        # [edge (encoded, latent), receiver node (encoded, latent), sender node (same)]
+        ("edge_update", "edges", 2 * le + 4 * ln, config.edge_update, steps),
+        # [received edge sum, sent edge sum, node (encoded, latent)]
+        ("node_update", "nodes", 2 * le + 2 * ln, config.node_update, steps),
+        ("edge_output", "edges", le, config.output_head + (1,), head_calls),
+    ]
+    layers = []
+    for module, rows, fan_in, sizes, calls in blocks:
+        for index, fan_out in enumerate(sizes):
+            first_encoder_layer = index == 0 and module.endswith("_encoder")
+            layers.append(
+                Linear(module, index, rows, fan_in, fan_out, calls, not first_encoder_layer)
+            )
+            fan_in = fan_out
+    return layers
+
+
+def step_matmuls(
+    config: ModelConfig, num_node_features: int, num_edge_features: int
+) -> list[Linear]:
+    """The matmuls that ``SegmentClassifier(config)`` actually runs per forward pass.
+
+    As ``linear_layers``, except with ``config.factorized_edge_update``: the edge update's first
+    layer ([E, 2 L_e + 4 L_n] @ [., H] per step) becomes [E, L_e] @ [L_e, H] and twice
+    [N, L_n] @ [L_n, H] (receiver and sender) per step, plus the same three once for the
+    encoded terms.
+    """
+    layers = linear_layers(config, num_node_features, num_edge_features)
+    if not config.factorized_edge_update:
+        return layers
+    ln, le = config.node_latent_size, config.edge_latent_size
+    width, steps = config.edge_update[0], config.num_message_passing_steps
+    factorized = [
+        Linear("edge_update", 0, "edges", le, width, 1),  # encoded edges, once
+        Linear("edge_update", 0, "nodes", ln, width, 2),  # encoded nodes (receiver, sender), once
+        Linear("edge_update", 0, "edges", le, width, steps),  # current edges
+        Linear("edge_update", 0, "nodes", ln, width, 2 * steps),  # current nodes
+    ]
+    result = []
+    for layer in layers:
+        is_first_edge_update = layer.module == "edge_update" and layer.index == 0
+        result.extend(factorized if is_first_edge_update else [layer])
+    return result
+
+
+def num_parameters(config: ModelConfig, num_node_features: int, num_edge_features: int) -> int:
+    """Number of trainable scalars of ``SegmentClassifier(config)`` for these input widths."""
+    layers = linear_layers(config, num_node_features, num_edge_features)
+    total = sum(x.fan_in * x.fan_out + x.fan_out for x in layers)
+    if config.layer_norm:  # scale and offset after each encoder and core MLP
+        sizes = (config.node_encoder, config.edge_encoder, config.edge_update, config.node_update)
+        total += sum(2 * s[-1] for s in sizes)
+    return total
+
+
+def forward_flops(
+    config: ModelConfig,
+    num_nodes: int,
+    num_edges: int,
+    num_node_features: int,
+    num_edge_features: int,
+) -> int:
+    """Matmul FLOPs of one forward pass over a graph batch of N nodes and E edges."""
+    rows = {"nodes": num_nodes, "edges": num_edges}
+    layers = step_matmuls(config, num_node_features, num_edge_features)
+    return sum(2 * rows[x.rows] * x.fan_in * x.fan_out * x.calls for x in layers)
+
+
+def train_step_flops(
+    config: ModelConfig,
+    num_nodes: int,
+    num_edges: int,
+    num_node_features: int,
+    num_edge_features: int,
+) -> int:
+    """Matmul FLOPs of forward + backward (see the module docstring for the convention).
+
+    Counts the matmuls that the configured implementation runs (``step_matmuls``): with
+    ``factorized_edge_update`` the same model costs fewer FLOPs.
+    """
+    rows = {"nodes": num_nodes, "edges": num_edges}
+    total = 0
+    for x in step_matmuls(config, num_node_features, num_edge_features):
+        passes = 3 if x.input_grad else 2
+        total += passes * 2 * rows[x.rows] * x.fan_in * x.fan_out * x.calls
+    return total
+
+
+def dense_incidence_flops(config: ModelConfig, num_nodes: int, num_edges: int) -> int:
+    """Extra matmul FLOPs of one training step of ``DenseSegmentClassifier`` (on top of the MLPs).
+
+    Per core step the forward pass does Ri^T @ x and Ro^T @ x ([E, N] @ [N, 2 L_n], node
+    endpoints) and Ri @ e and Ro @ e ([N, E] @ [E, L_e], edge sums); the backward pass repeats
+    each once for the input gradient (Ri and Ro are constants, so no gradient for them).
+    """
+    ln, le = config.node_latent_size, config.edge_latent_size
+    per_step = 2 * (2 * num_edges * num_nodes * 2 * ln) + 2 * (2 * num_nodes * num_edges * le)
+    return 2 * per_step * config.num_message_passing_steps
+
+
+def num_trainable_parameters(module: tf.Module) -> int:
+    """Number of trainable scalars of a built Sonnet module.
+
+    Raises:
+      ValueError: if the module has no variables yet (Sonnet creates them on the first call).
+    """
+    return sum(int(v.shape.num_elements()) for v in _trainable(module))
+
+
+def gradient_bytes(module: tf.Module) -> int:
+    """Bytes of one full set of gradients of a built module (size x dtype size, 4 for float32).
+
+    This is what an all-reduce moves per step (before compression).
+
+    Raises:
+      ValueError: if the module has no variables yet.
+    """
+    return sum(int(v.shape.num_elements()) * v.dtype.size for v in _trainable(module))
+
+
+def _trainable(module: tf.Module) -> Sequence:
+    if not isinstance(module, tf.Module):
+        raise TypeError(f"expected a Sonnet module, got {type(module).__name__}")
+    try:
+        variables = module.trainable_variables
+    except ValueError:  # Sonnet refuses to list the variables of a module that has none
+        variables = ()
+    if not variables:
+        raise ValueError(
+            f"{type(module).__name__} has no variables yet: Sonnet creates them on the first "
+            "call, so call the model once on a GraphsTuple before counting its parameters"
+        )
+    return variables
