@@ -1,0 +1,30 @@
+"""``python -m hvdtrack.bench NAME [ARGS]`` (or ``hvdtrack bench NAME``): run one benchmark.
+
+construct    graph construction time for a full-size event (numpy, one core)
+read         TFRecord read throughput of the training pipeline (graphs/s, edges/s)
+model        training-step throughput, achieved FLOP/s against a dense matmul, dense baseline
+distributed  strong-scaling efficiency of horovodrun -np 2 vs -np 1, and Horovod's overhead
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Optional, Sequence
+
+NAMES = ("construct", "read", "model", "distributed")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in NAMES:
+        print(__doc__, file=sys.stderr if argv else sys.stdout)
+        return 2 if argv else 0
+    module = importlib.import_module(f"hvdtrack.bench.{argv[0]}")
+    return module.main(argv[1:])
+
+
+if __name__ == "__main__":
+    from hvdtrack.cli import guarded
+
+    sys.exit(guarded(main))
