@@ -23,15 +23,16 @@ echo "[main] training with horovodrun -np $np --$controller (run directory $run_
 "$venv/bin/horovodrun" -np "$np" -H "localhost:$np" "--$controller" \
     "$py" -m hvdtrack.train --config "$config" distributed.strategy=horovod "$@"
 
-echo "[main] scaling report of the run"
-"$py" -m hvdtrack.scaling report "$run_dir" --mode single --out "$run_dir/report"
+echo "[main] report of the run"
+"$py" -m hvdtrack.scaling summary "$run_dir"
 
 cat <<MSG
 [main] done.
   TensorBoard logs : $run_dir/tensorboard   (tensorboard --logdir $run_dir/tensorboard)
   checkpoints      : $run_dir/checkpoints  (best by validation loss: $run_dir/best)
   timing records   : $run_dir/run.json, $run_dir/timing.jsonl
-  scaling report   : $run_dir/report/report.md
+  run report       : $run_dir/report/summary.md  (epoch/step times, throughput, cost, energy)
+  scaling studies  : python -m hvdtrack.scaling run --mode strong --np 1,2 --config $config
   dataset report   : $("$py" -m hvdtrack.train --config "$config" "$@" --print-config |
     "$py" -c 'import json, sys; print(json.load(sys.stdin)["data"]["dataset_dir"])')/report.md
 MSG

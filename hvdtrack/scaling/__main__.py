@@ -106,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--ns", default="8,16,32,64,128,256,512,1024", help="worker counts")
     _measured_network_option(pred)
 
+    summary = sub.add_parser("summary", help="the report of one run: epochs, steps, cost, energy")
+    summary.add_argument("run_dir", metavar="RUN_DIR")
+    summary.add_argument("--out", default=None, help="output directory (default: RUN_DIR/report)")
+
     energy = sub.add_parser("energy", help="which power counters this machine exposes")
     energy.add_argument(
         "--measure",
@@ -121,7 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs one subcommand; returns the exit code (errors print one message, no traceback)."""
     args = build_parser().parse_args(argv)
-    command = {"run": _run, "report": _report, "predict": _predict, "energy": _energy}[args.command]
+    command = {
+        "run": _run,
+        "report": _report,
+        "predict": _predict,
+        "summary": _summary,
+        "energy": _energy,
+    }[args.command]
     return guarded(lambda _argv: command(args))
 
 
@@ -235,6 +245,15 @@ def _predict(args: argparse.Namespace) -> int:
         print(f"  {v.describe()}")
     if not built.validation:
         print("  (no multi-worker run given)")
+    return 0
+
+
+def _summary(args: argparse.Namespace) -> int:
+    from hvdtrack.scaling.summary import write_summary
+
+    path = write_summary(args.run_dir, args.out)
+    print(path.read_text())
+    print(f"written: {path} and {path.with_suffix('.json')}")
     return 0
 
 

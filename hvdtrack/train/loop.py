@@ -428,7 +428,7 @@ class _Fit:
                 plan = t.plan(epoch)
                 first = start_step if epoch == start_epoch else 0
                 epoch_start = time.perf_counter()
-                losses, epoch_graphs, epoch_edges = [], 0, 0
+                losses, epoch_graphs, epoch_edges, my_epoch_graphs, my_epoch_edges = [], 0, 0, 0, 0
                 bar = rundir.progress(
                     self.chief and tc.progress_bar, t.steps_per_epoch, first, epoch
                 )
@@ -480,6 +480,8 @@ class _Fit:
                     losses.append(loss)
                     epoch_graphs += step_graphs
                     epoch_edges += step_edges
+                    my_epoch_graphs += my_graphs
+                    my_epoch_edges += my_edges
                     global_step += 1
                     if self.chief and global_step % tc.log_every_steps == 0:
                         with writer.as_default(step=global_step):
@@ -531,8 +533,8 @@ class _Fit:
                         rank=workers.rank,
                         time_s=epoch_s,
                         steps=t.steps_per_epoch - first,
-                        graphs=epoch_graphs,
-                        edges=epoch_edges,
+                        graphs=my_epoch_graphs,  # this rank's share; ranks add up
+                        edges=my_epoch_edges,
                         train_loss=float(np.mean(losses)) if losses else float("nan"),
                         val=dict(val_metrics) if val_metrics else None,
                     )
