@@ -11,6 +11,7 @@ USAGE = """usage: hvdtrack COMMAND [ARGS]
 commands:
   prepare   events (synthetic or TrackML CSV) -> hit graphs -> TFRecord shards + manifest
   train     train the segment classifier (local, horovod, mirrored or multiworker)
+  evaluate  score a split with a trained run's best (or latest) checkpoint
   scaling   run a strong/weak scaling sweep, or report on run directories
   bench     benchmarks: construct, read, model, distributed
 
@@ -47,6 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from hvdtrack.prepare import main as entry
     elif command == "train":
         from hvdtrack.train.__main__ import main as entry
+    elif command == "evaluate":
+        from hvdtrack.train.inference import main as entry
     elif command == "scaling":
         from hvdtrack.scaling.__main__ import main as entry
     elif command == "bench":

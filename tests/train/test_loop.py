@@ -97,3 +97,37 @@ def test_checkpoint_of_another_model_is_refused(tiny_config):
     other = Trainer(tiny_config("train.epochs=2", "model.node_encoder=[8, 16]", run="shape"))
     with pytest.raises(ConfigError, match=r"does not fit the configured model.*train.resume=false"):
         other.fit()
+
+
+def test_checkpoint_scores_new_graphs(tiny_config, tiny_dataset):
+    from hvdtrack.records.manifest import open_dataset
+    from hvdtrack.records.shards import read_split_graphs
+    from hvdtrack.train.inference import evaluate_split, load_classifier, score_graphs
+
+    config = tiny_config("train.epochs=2", run="infer")
+    trainer = Trainer(config)
+    trainer.fit()
+    model, loaded = load_classifier(config.train.run_dir, "latest")
+    assert loaded.model == config.model
+    for a, b in zip(model.trainable_variables, trainer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    graphs = [g for _, g in read_split_graphs(tiny_dataset, open_dataset(tiny_dataset), "test")]
+    scores = score_graphs(model, graphs)
+    assert [s.shape[0] for s in scores] == [g.num_edges for g in graphs]
+    assert all(((s >= 0) & (s <= 1)).all() for s in scores)
+    result = evaluate_split(config.train.run_dir, "test", "latest")
+    # The same scores through the tf.data path: identical metrics.
+    from hvdtrack.train.metrics import edge_metrics
+
+    direct = edge_metrics(
+        np.concatenate(scores), np.concatenate([g.labels for g in graphs]), config.train.thresholds
+    )
+    assert result["auc"] == pytest.approx(direct["auc"], abs=1e-6)
+    assert result["num_edges"] == direct["num_edges"]
+
+
+def test_inference_refuses_a_non_run_directory(tmp_path):
+    from hvdtrack.train.inference import load_classifier
+
+    with pytest.raises(ConfigError, match="not a training run directory"):
+        load_classifier(tmp_path)
