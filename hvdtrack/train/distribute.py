@@ -184,6 +184,15 @@ class HorovodWorkers(Workers):
 
     def reduce_gradients(self, grads):
         # What hvd.DistributedGradientTape does after tape.gradient: one grouped allreduce.
+        if self._op is self.hvd.Adasum:
+            # Horovod 0.28.1's grouped_allreduce fails on its Adasum path (it reads an undefined
+            # `tensor`); DistributedGradientTape reduces Adasum tensor by tensor, and so do we.
+            return [
+                self.hvd.allreduce(
+                    g, op=self._op, compression=self._compression, name=f"adasum_{i}"
+                )
+                for i, g in enumerate(grads)
+            ]
         return self.hvd.grouped_allreduce(
             list(grads), op=self._op, compression=self._compression, name="gradients"
         )

@@ -176,3 +176,28 @@ def test_too_few_graphs_fails_fast_on_every_rank(tiny_dataset, tmp_path):
     assert job.returncode != 0
     assert "hvdtrack: error:" in job.stdout + job.stderr
     assert "8" in job.stdout + job.stderr
+
+
+@pytest.mark.parametrize(
+    "controller, options",
+    [
+        ("gloo", ["distributed.compression=fp16", "distributed.backward_passes_per_step=2"]),
+        ("mpi", ["distributed.reduce_op=adasum"]),
+    ],
+    ids=["fp16-accumulate-gloo", "adasum-mpi"],
+)
+def test_horovod_options(controller, options, tiny_dataset, tmp_path):
+    args = [PROGRAM, CONFIG, str(tiny_dataset), str(tmp_path), "horovod", *OVERRIDES, *options]
+    check(horovodrun(2, args, controller))
+    rows = results(tmp_path)
+    assert sorted(rows) == [0, 1]
+    for row in rows.values():
+        assert row["status"] == "finished"
+        assert row["weights"] == rows[0]["weights"]  # the ranks stay in step
+        assert all(np.isfinite(row["losses_a"])) and row["losses_a"] == row["losses_b"]
+    info = json.loads((tmp_path / "a" / "run.json").read_text())
+    passes = 2 if "distributed.backward_passes_per_step=2" in options else 1
+    assert info["global_batch_graphs"] == 2 * 2 * passes
+    steps = [json.loads(line) for line in open(tmp_path / "a" / "timing.jsonl")]
+    # 8 graphs / (2 workers x 2 graphs x passes) optimizer steps per epoch, each rank, 2 epochs.
+    assert sum(1 for s in steps if s["kind"] == "step") == 2 * 2 * (2 // passes)
