@@ -95,7 +95,9 @@ def prepare(config: Config, force: bool = False, progress: bool = True) -> dict:
     target = Path(data.dataset_dir)
     if not force and up_to_date(config):
         report = json.loads((target / PREPARE_INFO).read_text())["report"]
-        print(f"[prepare] {target} is up to date (same data config); --force rebuilds it", flush=True)
+        print(
+            f"[prepare] {target} is up to date (same data config); --force rebuilds it", flush=True
+        )
         return report
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
@@ -126,7 +128,12 @@ def _build(config: Config, out: Path, progress: bool) -> dict:
                 writer.add(split, graph)
                 for column, value in zip(
                     counts[split],
-                    (graph.info.num_nodes, graph.info.num_edges, graph.info.num_true_edges, num_segments),
+                    (
+                        graph.info.num_nodes,
+                        graph.info.num_edges,
+                        graph.info.num_true_edges,
+                        num_segments,
+                    ),
                 ):
                     column.append(value)
             bar.update(1)
@@ -153,7 +160,10 @@ def _build(config: Config, out: Path, progress: bool) -> dict:
     with atomic_write(out / "report.md") as f:
         f.write(markdown)
     write_json(out / "report.json", report)
-    write_json(out / PREPARE_INFO, {"data": _fingerprint(config), "report": report, "config": config_to_dict(config)})
+    write_json(
+        out / PREPARE_INFO,
+        {"data": _fingerprint(config), "report": report, "config": config_to_dict(config)},
+    )
     print(markdown, flush=True)
     return report
 

@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from hvdtrack.model import weighted_bce, weighted_bce_terms
+from hvdtrack.model.loss import weighted_bce_per_edge
 
 # Two edges, labels [true, fake], weights 2 : 1, logits after two steps:
 #   step 1: [0, 2]   BCE = [log 2, log(1 + e^2)]
@@ -27,6 +28,12 @@ def test_terms_on_a_literal_two_edge_example():
     assert loss_sum.numpy() == pytest.approx((step1 + step2) / 2, rel=1e-6)  # 2.226504
     assert weight_sum.numpy() == pytest.approx(3.0)
     assert weighted_bce(LOGITS, LABELS).numpy() == pytest.approx(0.742168, rel=1e-5)
+
+
+def test_per_edge_terms_average_the_steps_edge_by_edge():
+    per_edge, weights = weighted_bce_per_edge(LOGITS, LABELS, mask=tf.constant([1.0, 0.0]))
+    np.testing.assert_allclose(per_edge.numpy(), [2 * (LOG2 + SPM1) / 2, 0.0], rtol=1e-6)
+    np.testing.assert_array_equal(weights.numpy(), [2.0, 0.0])
 
 
 def test_mask_removes_an_edge_from_both_terms():
