@@ -339,6 +339,8 @@ class _Fit:
             "learning_rate": self.t.learning_rate,
             "epochs": self.cfg.train.epochs,
             "steps_per_epoch": self.t.steps_per_epoch,
+            # max/mean edges per worker per step, mean over the steps of the first epoch's plan
+            "edge_imbalance": self.t.plan(0).mean_imbalance,
             "status": status,
             "started": self.started,
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S") if status != "running" else None,
@@ -411,7 +413,8 @@ class _Fit:
             print(
                 f"[hvdtrack] {workers.name}: {workers.num_replicas} workers, global batch "
                 f"{t.global_batch} graphs, learning rate {t.learning_rate:.3g} "
-                f"({tc.lr_scaling} scaling of {tc.learning_rate:g}), {t.steps_per_epoch} steps/epoch",
+                f"({tc.lr_scaling} scaling of {tc.learning_rate:g}), {t.steps_per_epoch} steps/epoch, "
+                f"edge imbalance max/mean per step {t.plan(start_epoch).mean_imbalance:.3f}",
                 flush=True,
             )
         meter = EnergyMeter(cfg.scaling, devices=workers.local_replicas)
