@@ -28,7 +28,7 @@ from hvdtrack.events import synthetic, trackml
 from hvdtrack.graphs.construction import build_hit_graphs
 from hvdtrack.graphs.report import ConstructionReport
 from hvdtrack.records.shards import DatasetWriter, EncodedGraph, encode_graph, split_events
-from hvdtrack.utils.io import atomic_write, write_json
+from hvdtrack.utils.io import atomic_write, ordinary_permissions, write_json
 
 PREPARE_INFO = "prepare.json"
 FIRST_EVENT_ID = 1000
@@ -101,6 +101,7 @@ def prepare(config: Config, force: bool = False, progress: bool = True) -> dict:
         return report
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    ordinary_permissions(staging, directory=True)
     try:
         report = _build(config, staging, progress)
         _swap_into_place(staging, target)

@@ -48,6 +48,7 @@ from hvdtrack.records.manifest import (
     shard_file_name,
 )
 from hvdtrack.records.schema import example_to_graph, graph_to_example
+from hvdtrack.utils.io import ordinary_permissions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -461,6 +462,7 @@ def _write_staged_shards(
         for index in range(num_shards):
             name = shard_file_name(split, index, num_shards, config.compression)
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=out_dir)
+            ordinary_permissions(tmp)
             os.close(fd)
             temps.append((Path(tmp), out_dir / name))
             members = permutation[bounds[index] : bounds[index + 1]]

@@ -21,11 +21,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    # mkstemp makes the file 0600; give it the permissions open() would (0666 less the umask),
-    # so collaborators on a shared filesystem can read run records and datasets.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
+    ordinary_permissions(tmp)
     try:
         with os.fdopen(fd, mode) as f:
             yield f
@@ -36,6 +32,14 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def ordinary_permissions(path: str | os.PathLike, directory: bool = False) -> None:
+    """Gives a file made by mkstemp/mkdtemp (0600/0700) the mode open()/mkdir() would give it
+    (0666/0777 less the umask), so collaborators on a shared filesystem can read the results."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, (0o777 if directory else 0o666) & ~umask)
 
 
 def write_json(path: str | os.PathLike, data: Any) -> None:
