@@ -64,6 +64,7 @@ class Workers:
         self.rank = 0
         self.num_processes = 1
         self.local_replicas = 1
+        self.local_rank, self.local_size = 0, 1  # this process among those on its host
         self.threads = config.threads_per_worker or _cpu_threads()
         _set_threads(self.threads)
 
@@ -150,7 +151,7 @@ class HorovodWorkers(Workers):
         self.rank = hvd.rank()
         self.num_processes = hvd.size()
         self.local_replicas = 1
-        self.local_rank = hvd.local_rank()
+        self.local_rank, self.local_size = hvd.local_rank(), hvd.local_size()
         # Pin one GPU per local rank; on CPU split the cores between the ranks of this host.
         gpus = tf.config.list_physical_devices("GPU")
         if gpus:
@@ -252,6 +253,8 @@ class StrategyWorkers(Workers):
             self.rank = int(resolver.task_id or 0)
             self.num_processes = max(1, resolver.cluster_spec().num_tasks("worker"))
             self.name = "multiworker"
+            self.local_size = hosts_here
+            self.local_rank = self.rank % hosts_here
         else:
             self.threads = config.threads_per_worker or _cpu_threads()
             _set_threads(self.threads)
@@ -260,6 +263,7 @@ class StrategyWorkers(Workers):
             self.rank = 0
             self.num_processes = 1
             self.name = "mirrored"
+            self.local_rank, self.local_size = 0, 1
         self.local_replicas = self.strategy.num_replicas_in_sync // self.num_processes
 
     def describe(self) -> dict[str, Any]:

@@ -260,9 +260,10 @@ class Trainer:
         return result
 
     # ----------------------------------------------------------------------------- training
-    def restore(self, directory: Path) -> str | None:
-        """Restores the newest checkpoint under ``directory``; returns its path or None."""
-        latest = tf.train.latest_checkpoint(str(directory))
+    def restore(self, directory: Path | None) -> str | None:
+        """Restores the newest checkpoint under ``directory`` (None: none), then makes every
+        replica hold rank 0's values; returns the checkpoint's path or None."""
+        latest = tf.train.latest_checkpoint(str(directory)) if directory is not None else None
         if latest:
             try:
                 self.checkpoint.restore(latest).assert_existing_objects_matched()
@@ -395,7 +396,7 @@ class _Fit:
             if tc.resume and (self.run_dir / "run.json").exists()
             else None
         )
-        restored = t.restore(self.ckpt_dir) if tc.resume else t.restore(Path("/nonexistent"))
+        restored = t.restore(self.ckpt_dir if tc.resume else None)
         if restored and previous is not None:
             self.prior_steps, self.prior_epochs = list(previous.steps), list(previous.epochs)
             self.graphs_done = int(previous.info.get("graphs_processed", 0))
@@ -417,9 +418,15 @@ class _Fit:
                 f"edge imbalance max/mean per step {t.plan(start_epoch).mean_imbalance:.3f}",
                 flush=True,
             )
-        meter = EnergyMeter(cfg.scaling, devices=workers.local_replicas)
+        meter = EnergyMeter(
+            cfg.scaling,
+            devices=workers.local_replicas,
+            local_rank=workers.local_rank,
+            local_size=workers.local_size,
+        )
         meter.start()
-        best_loss = math.inf
+        # The best checkpoint so far, also across an interruption.
+        best_loss = min((e.val["loss"] for e in self.prior_epochs if e.val), default=math.inf)
         val_metrics: dict[str, float] = {}
         warmup = cfg.scaling.timing_warmup_steps
         global_step = start_epoch * t.steps_per_epoch + start_step
