@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The scaling study committed under docs/scaling/: strong and weak sweeps with 1 and 2 workers on
+# this machine (one thread per worker), Horovod's overhead against a run without it, the reports
+# (Markdown, CSV, JSON, PNG) and the prediction to 1024 workers.
+#   bash run_scripts/scaling_study_local.sh [CONFIG]      (default configs/default.yaml)
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+config="${1:-configs/default.yaml}"
+py="${HVDTRACK_VENV:-$repo/.venv}/bin/python"
+out="${OUT:-runs/scaling-study}"
+docs="docs/scaling"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+common=(train.epochs=3 train.max_steps_per_epoch=20 train.validate_every_epochs=1000
+        distributed.threads_per_worker=1 train.progress_bar=false train.resume=false)
+
+# Strong scaling (global batch 2 graphs) and Horovod overhead (local run vs horovodrun -np 1).
+"$py" -m hvdtrack.bench distributed --config "$config" --out "$out/strong" --epochs 3 \
+    --global-batch 2 --max-steps 20 --json "$out/distributed-bench.json" | tee "$out.bench.txt"
+# Weak scaling: 1 graph per worker per step.
+"$py" -m hvdtrack.scaling run --mode weak --np 1,2 --config "$config" --batch 1 \
+    --out "$out/weak" --skip-prepare "${common[@]}"
+
+mkdir -p "$docs"
+"$py" -m hvdtrack.scaling report "$out"/strong/sweep/strong-np1 "$out"/strong/sweep/strong-np2 \
+    --mode strong --out "$docs/strong"
+"$py" -m hvdtrack.scaling report "$out"/weak/weak-np1 "$out"/weak/weak-np2 --mode weak --out "$docs/weak"
+"$py" -m hvdtrack.scaling predict "$out"/strong/sweep/strong-np1 "$out"/strong/sweep/strong-np2 \
+    --mode strong | tee "$docs/prediction-strong.txt"
+cp "$out/distributed-bench.json" "$docs/distributed-bench.json"
+cp "$out.bench.txt" "$docs/distributed-bench.txt"
+echo "[study] reports in $docs"
