@@ -147,6 +147,9 @@ class HorovodWorkers(Workers):
 
         self.hvd = hvd
         self.config = config
+        if config.horovod_cycle_time_ms is not None:
+            # Read by Horovod's background thread at hvd.init(); the config is the one source.
+            os.environ["HOROVOD_CYCLE_TIME"] = f"{config.horovod_cycle_time_ms:g}"
         hvd.init()
         self.rank = hvd.rank()
         self.num_processes = hvd.size()
