@@ -33,7 +33,7 @@ Random-access datasets build their readers from a raw TFRecordDatasetV2 op (the 
 iterators cannot be checkpointed (make a new dataset from the plan instead).
 
 Public symbols: ``plan_train_epoch``, ``train_dataset``, ``eval_dataset``, ``merge_graphs``,
-``graph_signature``, ``input_signature``, ``read_errors_as_data_error``, ``iterate_batches``.
+``graph_signature``, ``input_signature``, ``placeholder_graph``, ``read_errors_as_data_error``, ``iterate_batches``.
 """
 
 from __future__ import annotations
@@ -273,6 +273,20 @@ def input_signature() -> tuple[gn_graphs.GraphsTuple, tf.TensorSpec]:
         n_edge=tf.zeros([0], tf.int32),
     )
     return graph_signature(empty), tf.TensorSpec([None], tf.float32)
+
+
+def placeholder_graph() -> gn_graphs.GraphsTuple:
+    """A one-edge graph with the pipelines' field sizes and dtypes: creates a Sonnet model's
+    variables before a compiled step or a checkpoint restore needs them."""
+    return gn_graphs.GraphsTuple(
+        nodes=tf.zeros([2, NODE_FEATURE_SIZE], tf.float32),
+        edges=tf.zeros([1, EDGE_FEATURE_SIZE], tf.float32),
+        receivers=tf.constant([1], tf.int32),
+        senders=tf.constant([0], tf.int32),
+        globals=tf.zeros([1, 1], tf.float32),
+        n_node=tf.constant([2], tf.int32),
+        n_edge=tf.constant([1], tf.int32),
+    )
 
 
 @contextlib.contextmanager

@@ -42,12 +42,10 @@ def weighted_bce_per_edge(
       ValueError: for an empty ``logits_per_step`` or a negative weight.
     """
     if len(logits_per_step) == 0:
-        raise ValueError(
-            "weighted_bce_terms: logits_per_step is empty; pass the model's output list"
-        )
+        raise ValueError("weighted_bce: logits_per_step is empty; pass the model's output list")
     if true_weight < 0 or fake_weight < 0:
         raise ValueError(
-            f"weighted_bce_terms: class weights must be >= 0, got true_weight={true_weight}, "
+            f"weighted_bce: class weights must be >= 0, got true_weight={true_weight}, "
             f"fake_weight={fake_weight}"
         )
     labels = tf.cast(labels, tf.float32)

@@ -47,8 +47,7 @@ def load_classifier(
     if not path:
         raise ConfigError(f"{run_dir}: no '{checkpoint}' checkpoint (looked in {folder})")
     model = SegmentClassifier(config.model)
-    spec, _ = pipeline.input_signature()
-    model(_one_edge(spec))  # create the variables before restoring into them
+    model(pipeline.placeholder_graph())  # create the variables before restoring into them
     try:
         tf.train.Checkpoint(model=model).restore(
             path
@@ -111,18 +110,6 @@ def evaluate_split(
         Path(run_dir) / f"eval-{split}.json", {"split": split, "checkpoint": checkpoint, **result}
     )
     return result
-
-
-def _one_edge(spec) -> gn_graphs.GraphsTuple:
-    return gn_graphs.GraphsTuple(
-        nodes=tf.zeros([2, spec.nodes.shape[-1]]),
-        edges=tf.zeros([1, spec.edges.shape[-1]]),
-        senders=tf.constant([0]),
-        receivers=tf.constant([1]),
-        globals=tf.zeros([1, spec.globals.shape[-1]]),
-        n_node=tf.constant([2]),
-        n_edge=tf.constant([1]),
-    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -21,7 +21,6 @@ from typing import Any, Iterator
 
 import numpy as np
 import tensorflow as tf
-from graph_nets import graphs as gn_graphs
 
 from hvdtrack.config import Config, config_to_dict
 from hvdtrack.errors import ConfigError, DataError, TrainingError
@@ -101,7 +100,7 @@ class Trainer:
             self.optimizer = Adam(
                 schedule, tc.adam_beta1, tc.adam_beta2, tc.adam_epsilon, tc.grad_clip_norm
             )
-            self.model(_dummy_graph(self.graph_spec))  # Sonnet creates variables lazily
+            self.model(pipeline.placeholder_graph())  # Sonnet creates variables lazily
             self.variables = list(self.model.trainable_variables)
             self.optimizer.build(self.variables)
             self.accumulators = (
@@ -599,19 +598,6 @@ class _Fit:
         if self.chief:
             manager.save(checkpoint_number=epoch * self.t.steps_per_epoch + step)
         self.workers.barrier()
-
-
-def _dummy_graph(spec) -> gn_graphs.GraphsTuple:
-    """A one-edge graph with the feature sizes of ``spec``, to create the model's variables."""
-    return gn_graphs.GraphsTuple(
-        nodes=tf.zeros([2, spec.nodes.shape[-1]], spec.nodes.dtype),
-        edges=tf.zeros([1, spec.edges.shape[-1]], spec.edges.dtype),
-        senders=tf.constant([0], spec.senders.dtype),
-        receivers=tf.constant([1], spec.receivers.dtype),
-        globals=tf.zeros([1, spec.globals.shape[-1]], spec.globals.dtype),
-        n_node=tf.constant([2], spec.n_node.dtype),
-        n_edge=tf.constant([1], spec.n_edge.dtype),
-    )
 
 
 def train(config: Config) -> dict[str, Any]:
