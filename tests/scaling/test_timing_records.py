@@ -91,7 +91,7 @@ def test_make_run_info_defaults():
     ("changes", "message"),
     [
         ({"num_workers": 0}, "'num_workers' must be >= 1"),
-        ({"status": "done"}, "'status' must be one of running, finished, failed"),
+        ({"status": "done"}, "'status' must be one of running, stopped, finished, failed"),
         ({"strategy": "ddp"}, "'strategy' must be one of"),
         ({"batch_graphs": 2.5}, "'batch_graphs' must be an integer"),
         ({"energy": {"joules": 1.0, "watts": 1.0, "source": "guess"}}, "'energy.source'"),
