@@ -118,6 +118,12 @@ class Workers:
         """True when ``reduce_gradients`` expects per-replica mean gradients (Adasum)."""
         return False
 
+    @property
+    def exact_gradient_exchange(self) -> bool:
+        """True when ``reduce_gradients`` is an exact sum (no compression, no Adasum), so other
+        sums may share its collective."""
+        return True
+
     def broadcast_variables(self, variables: Sequence[tf.Variable]) -> None:
         """Makes every replica hold rank 0's values (after lazy variable creation)."""
 
@@ -204,6 +210,10 @@ class HorovodWorkers(Workers):
     @property
     def adaptive_reduction(self) -> bool:
         return self.config.reduce_op == "adasum"
+
+    @property
+    def exact_gradient_exchange(self) -> bool:
+        return self.config.reduce_op == "sum" and self.config.compression == "none"
 
     def broadcast_variables(self, variables):
         self.hvd.broadcast_variables(list(variables), root_rank=0)

@@ -158,14 +158,20 @@ class Trainer:
             return loss_sum, weight_sum, grads
 
         def reduced(loss_sum, weight_sum, grads):
-            # Exact global mean over edges: reduce the sums first, then the gradients divided by
-            # the global weight, so 2 workers x b graphs == 1 worker x 2b graphs.
-            total_loss, total_weight = workers.reduce_sum([loss_sum, weight_sum])
-            if workers.adaptive_reduction:
-                grads = [g / tf.maximum(weight_sum, EPS) for g in grads]
-            else:
+            # Exact global mean over edges: sums of (gradient of the loss sum, loss sum, weight)
+            # over all replicas, divided once, so 2 workers x b graphs == 1 worker x 2b graphs.
+            if workers.exact_gradient_exchange:
+                # One collective per step: the scalar sums ride with the gradients.
+                *grads, total_loss, total_weight = workers.reduce_gradients(
+                    [*grads, loss_sum, weight_sum]
+                )
                 grads = [g / tf.maximum(total_weight, EPS) for g in grads]
-            grads = workers.reduce_gradients(grads)
+                return total_loss / tf.maximum(total_weight, EPS), grads
+            # fp16 compression or Adasum: the sums stay exact and uncompressed (a weight sum can
+            # exceed float16's range), the gradients are normalised before the exchange.
+            total_loss, total_weight = workers.reduce_sum([loss_sum, weight_sum])
+            norm = weight_sum if workers.adaptive_reduction else total_weight
+            grads = workers.reduce_gradients([g / tf.maximum(norm, EPS) for g in grads])
             return total_loss / tf.maximum(total_weight, EPS), grads
 
         def with_accumulated(loss_sum, weight_sum, grads):
