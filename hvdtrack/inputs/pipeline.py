@@ -263,16 +263,7 @@ def graph_signature(graphs: Any) -> gn_graphs.GraphsTuple:
 
 def input_signature() -> tuple[gn_graphs.GraphsTuple, tf.TensorSpec]:
     """``(GraphsTuple specs, labels spec)`` of the pipelines' elements, for ``tf.function``."""
-    empty = gn_graphs.GraphsTuple(
-        nodes=tf.zeros([0, NODE_FEATURE_SIZE], tf.float32),
-        edges=tf.zeros([0, EDGE_FEATURE_SIZE], tf.float32),
-        receivers=tf.zeros([0], tf.int32),
-        senders=tf.zeros([0], tf.int32),
-        globals=tf.zeros([0, 1], tf.float32),
-        n_node=tf.zeros([0], tf.int32),
-        n_edge=tf.zeros([0], tf.int32),
-    )
-    return graph_signature(empty), tf.TensorSpec([None], tf.float32)
+    return graph_signature(placeholder_graph()), tf.TensorSpec([None], tf.float32)
 
 
 def placeholder_graph() -> gn_graphs.GraphsTuple:
