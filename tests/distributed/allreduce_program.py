@@ -1,6 +1,12 @@
-"""A tiny TensorFlow + Horovod program: each rank reduces known tensors and prints what it got."""
+"""A tiny TensorFlow + Horovod program: each rank reduces known tensors and writes what it got.
+
+  python tests/distributed/allreduce_program.py OUT_DIR   -> OUT_DIR/rank{r}.json
+(one file per rank: launchers interleave the ranks' stdout).
+"""
 
 import json
+import sys
+from pathlib import Path
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -12,9 +18,8 @@ summed = hvd.allreduce(value, op=hvd.Sum)
 averaged = hvd.allreduce(value, op=hvd.Average)
 gathered = hvd.allgather(tf.fill([rank + 1], float(rank)))
 root_value = hvd.broadcast(tf.constant(float(rank + 10)), root_rank=0)
-print(
-    "RESULT "
-    + json.dumps(
+(Path(sys.argv[1]) / f"rank{rank}.json").write_text(
+    json.dumps(
         {
             "rank": rank,
             "size": size,
@@ -25,6 +30,5 @@ print(
             "mpi": bool(hvd.mpi_enabled()),
             "gloo": bool(hvd.gloo_enabled()),
         }
-    ),
-    flush=True,
+    )
 )

@@ -9,18 +9,16 @@ from tests.launch import check, horovodrun
 pytestmark = pytest.mark.distributed
 
 
-def results(stdout: str) -> dict[int, dict]:
-    rows = [
-        json.loads(line.split("RESULT ", 1)[1]) for line in stdout.splitlines() if "RESULT " in line
-    ]
+def results(out) -> dict[int, dict]:
+    rows = [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
     return {row["rank"]: row for row in rows}
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi", "mpirun"])
-def test_two_ranks_reduce_to_the_same_values(controller):
-    out = results(
-        check(horovodrun(2, ["tests/distributed/allreduce_program.py"], controller, timeout=180))
-    )
+def test_two_ranks_reduce_to_the_same_values(controller, tmp_path):
+    args = ["tests/distributed/allreduce_program.py", str(tmp_path)]
+    check(horovodrun(2, args, controller, timeout=180))
+    out = results(tmp_path)
     assert sorted(out) == [0, 1]
     for rank in (0, 1):
         row = out[rank]
