@@ -189,20 +189,11 @@ def _swap_into_place(staging: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def _bar(enabled: bool, total: int):
-    if not enabled:
-        return _NoBar()
-    from tqdm import tqdm
+    """A tqdm bar on a terminal; plain lines every 30 s (no carriage returns) in logs."""
+    from hvdtrack.train.console import counter
 
-    return tqdm(total=total, desc="prepare", unit="event", file=sys.stderr, dynamic_ncols=True)
+    return counter(enabled, total, label="prepare", unit="event")
 
 
 def _markdown(report: dict, per_split: dict, total: ConstructionReport, data: DataConfig) -> str:

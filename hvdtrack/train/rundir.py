@@ -1,4 +1,4 @@
-"""The run directory (resolved config, versions, git revision), HParams, and console progress."""
+"""The run directory (resolved config, versions, git revision) and HParams."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrack.config import Config, config_to_dict, dump_config
+from hvdtrack.train import console
 from hvdtrack.utils.io import write_json
 
 PACKAGES = (
@@ -78,47 +79,24 @@ def write_hparams(writer, config: Config, num_workers: int, global_batch: int) -
         hp.hparams(flat, trial_id=Path(config.train.run_dir).name)
 
 
-class _Progress:
-    def __init__(self, enabled: bool, total: int, initial: int, epoch: int):
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
+# TODO(loop refactor): remove. Aliases of hvdtrack.train.console for loop.py's current calls:
+# ``progress(enabled, total, initial, epoch)`` whose ``update(loss, edges_per_s)`` has no step,
+# and ``print(epoch_line(...))`` with the "[hvdtrack]" prefix.
+def progress(enabled: bool, total: int, initial: int, epoch: int) -> _CountingProgress:
+    return _CountingProgress(console.progress(enabled, total, initial, epoch), initial)
 
-            self.bar = tqdm(
-                total=total,
-                initial=initial,
-                desc=f"epoch {epoch}",
-                unit="step",
-                dynamic_ncols=True,
-                leave=False,
-                file=sys.stderr,
-                mininterval=1.0,
-            )
+
+class _CountingProgress:  # TODO(loop refactor): remove
+    def __init__(self, reporter: Any, initial: int):
+        self.reporter, self.step = reporter, initial
 
     def update(self, loss: float, edges_per_s: float) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix(loss=f"{loss:.4f}", edges_s=f"{edges_per_s:,.0f}", refresh=False)
-            self.bar.update(1)
+        self.reporter.update(self.step, loss, edges_per_s)
+        self.step += 1
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        self.reporter.close()
 
 
-def progress(enabled: bool, total: int, initial: int, epoch: int) -> _Progress:
-    """A tqdm bar with loss and edges/s on the chief; a no-op elsewhere."""
-    return _Progress(enabled, total, initial, epoch)
-
-
-def epoch_line(
-    epoch: int, epochs: int, seconds: float, losses: list[float], val: dict[str, float]
-) -> str:
-    """One console line summarising an epoch."""
-    train_loss = sum(losses) / len(losses) if losses else float("nan")
-    text = f"[hvdtrack] epoch {epoch + 1}/{epochs} {seconds:.1f}s train loss {train_loss:.4f}"
-    if val:
-        text += (
-            f" | val loss {val['loss']:.4f} auc {val['auc']:.4f} efficiency {val['efficiency']:.4f}"
-            f" purity {val['purity']:.4f}"
-        )
-    return text
+def epoch_line(*args: Any) -> str:  # TODO(loop refactor): remove
+    return "[hvdtrack] " + console.epoch_line(*args)
