@@ -10,12 +10,16 @@ A file looks like::
     scaling: {price_per_device_hour: 0.05}
 
 Each section's dataclass lives beside the code it configures; this module composes them.
-Public symbols: ``Config``, ``DataConfig``, ``load_config``, ``config_to_dict``, ``dump_config``.
+The package ships named configurations (``hvdtrack/configs/NAME.yaml``; a checkout's ``configs/``
+links to them): every ``--config`` accepts a path or such a name (``resolve_config_path``).
+Public symbols: ``Config``, ``DataConfig``, ``load_config``, ``config_to_dict``, ``dump_config``,
+``resolve_config_path``, ``packaged_configs``, ``DEFAULT_CONFIG_NAME``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from pathlib import Path
 from typing import Literal, Optional
@@ -41,6 +45,10 @@ class DataConfig:
     ``num_events`` TrackML events of ``trackml_dir`` are read (null: all of them). Events are then
     split by event (``records.split_counts`` or ``records.split_fractions``), never by section,
     so no event feeds two splits.
+
+    ``prepare_timeout_s``: when ``hvdtrack train`` finds no (up-to-date) dataset, rank 0 prepares
+    it and the other ranks wait at most this long for it before giving up. Neither it nor
+    ``workers`` changes the dataset (``hvdtrack.prepare.up_to_date`` ignores them).
     """
 
     source: Literal["synthetic", "trackml"] = "synthetic"
@@ -50,6 +58,7 @@ class DataConfig:
     seed: int = 7
     workers: Optional[int] = None
     keep_csv: bool = True
+    prepare_timeout_s: float = 1800.0
     synthetic: SyntheticConfig = dataclasses.field(default_factory=SyntheticConfig)
     graph: GraphConfig = dataclasses.field(default_factory=GraphConfig)
     records: RecordsConfig = dataclasses.field(default_factory=RecordsConfig)
@@ -71,6 +80,7 @@ class DataConfig:
             "may only be null with data.source trackml",
         )
         check(self.workers is None or self.workers >= 1, "workers", "must be >= 1 or null")
+        check(self.prepare_timeout_s > 0, "prepare_timeout_s", "must be > 0 (seconds)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +93,58 @@ class Config:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
     scaling: ScalingConfig = dataclasses.field(default_factory=ScalingConfig)
+
+
+DEFAULT_CONFIG_NAME = "default"
+# Package data (setup.cfg [options.package_data]); a file beside this module in an editable
+# install and in an installed wheel alike.
+PACKAGED_CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def packaged_configs() -> dict[str, Path]:
+    """The configurations shipped in the package: ``{name: path}``, sorted by name."""
+    return {p.stem: p for p in sorted(PACKAGED_CONFIG_DIR.glob("*.yaml"))}
+
+
+def resolve_config_path(config: str | os.PathLike | None = None) -> Path:
+    """What a ``--config`` argument names: a YAML file, or a configuration shipped in the package.
+
+    ``None`` is the packaged default. An existing path is itself. A bare name (no directory
+    part, no ``.yaml``/``.yml`` suffix) that is not a path here is the packaged file of that
+    name (``tiny`` -> ``.../hvdtrack/configs/tiny.yaml``). Anything else is returned unchanged,
+    so ``load_config`` reports the file it cannot read.
+
+    Raises:
+      ConfigError: a bare name that is neither a path nor a packaged configuration (the message
+        lists the packaged names).
+    """
+    packaged = packaged_configs()
+    if config is None:
+        if DEFAULT_CONFIG_NAME not in packaged:
+            raise ConfigError(
+                f"the packaged default configuration is missing ({PACKAGED_CONFIG_DIR / DEFAULT_CONFIG_NAME}.yaml): "
+                "reinstall hvdtrack or give --config"
+            )
+        return packaged[DEFAULT_CONFIG_NAME]
+    path = Path(config)
+    text = os.fspath(config)
+    is_name = (
+        bool(text)
+        and path.name == text
+        and not (os.altsep and os.altsep in text)
+        and path.suffix.lower() not in (".yaml", ".yml")
+        and text not in (".", "..")
+    )
+    if path.exists() or not is_name:
+        return path
+    if text in packaged:
+        return packaged[text]
+    near = difflib.get_close_matches(text, list(packaged), n=1)
+    hint = f" (did you mean '{near[0]}'?)" if near else ""
+    raise ConfigError(
+        f"--config {text}: no such file, and no packaged configuration of that name{hint}; "
+        f"packaged configurations: {', '.join(packaged) or '(none)'}; or give the path of a YAML file"
+    )
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> Config:

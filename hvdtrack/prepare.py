@@ -1,9 +1,10 @@
-"""``python -m hvdtrack.prepare --config FILE``: events -> hit graphs -> TFRecord shards + manifest.
+"""``python -m hvdtrack.prepare [--config FILE|NAME]``: events -> hit graphs -> TFRecord shards + manifest.
 
 Events come from the synthetic detector (written as TrackML CSV files first, so the reader path is
 the one exercised) or from a TrackML directory. Events are processed in parallel; one writer in
 this process shards the graphs. The dataset is built in a temporary sibling directory and moved
 into place only when complete, so a failure never leaves a half-written dataset or loses the old one.
+``hvdtrack train`` calls ``prepare_dataset`` itself when its dataset is missing or out of date.
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from pathlib import Path
 from typing import Sequence
 
 from hvdtrack.cli import guarded, quiet_tensorflow
-from hvdtrack.config import Config, DataConfig, config_to_dict, load_config
+from hvdtrack.config import (
+    Config,
+    DataConfig,
+    config_to_dict,
+    load_config,
+    packaged_configs,
+    resolve_config_path,
+)
 from hvdtrack.configtools import to_mapping
 from hvdtrack.errors import DataError
 from hvdtrack.events import synthetic, trackml
@@ -72,7 +80,9 @@ def _event_jobs(data: DataConfig, csv_dir: Path) -> list[_Job]:
 
 def _fingerprint(config: Config) -> dict:
     data = to_mapping(config.data)
-    data.pop("workers", None)  # how many processes built it does not change the dataset
+    # How many processes built it, and how long other ranks wait for it, do not change the dataset.
+    data.pop("workers", None)
+    data.pop("prepare_timeout_s", None)
     return data
 
 
@@ -85,8 +95,11 @@ def up_to_date(config: Config) -> bool:
         return False
 
 
-def prepare(config: Config, force: bool = False, progress: bool = True) -> dict:
+def prepare_dataset(config: Config, force: bool = False, progress: bool = True) -> dict:
     """Builds the dataset of ``config.data``; returns the construction report (per split and all).
+
+    What ``python -m hvdtrack.prepare`` does once the config is loaded; an up-to-date dataset is
+    kept (unless ``force``) and its stored report returned.
 
     Raises:
       DataError / ConfigError: bad input events or settings; nothing is left half-written.
@@ -109,6 +122,9 @@ def prepare(config: Config, force: bool = False, progress: bool = True) -> dict:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return report
+
+
+prepare = prepare_dataset  # the older name (tests/conftest.py and existing scripts use it)
 
 
 def _build(config: Config, out: Path, progress: bool) -> dict:
@@ -226,7 +242,13 @@ def _markdown(report: dict, per_split: dict, total: ConstructionReport, data: Da
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hvdtrack prepare", description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True, help="YAML run configuration (configs/*.yaml)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="a YAML run configuration, or the name of a packaged one ("
+        + ", ".join(packaged_configs())
+        + "); default: the packaged 'default'",
+    )
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     p.add_argument("--force", action="store_true", help="rebuild even if the dataset is up to date")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -236,8 +258,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     quiet_tensorflow()
-    config = load_config(args.config, args.overrides)
-    prepare(config, force=args.force, progress=not args.no_progress)
+    config = load_config(resolve_config_path(args.config), args.overrides)
+    prepare_dataset(config, force=args.force, progress=not args.no_progress)
     return 0
 
 

@@ -1,7 +1,8 @@
-"""``python -m hvdtrack.train --config FILE [section.key=value ...]``: train the segment classifier.
+"""``python -m hvdtrack.train [--config FILE|NAME] [section.key=value ...]``: train the segment classifier.
 
-Under Horovod launch it as ``horovodrun -np 2 python -m hvdtrack.train --config ...
-distributed.strategy=horovod`` (or with mpirun / srun); every rank runs this same command.
+Without ``--config`` it trains the packaged default configuration; a dataset that is missing is
+prepared first. Under Horovod launch it as ``horovodrun -np 8 python -m hvdtrack.train`` (or with
+mpirun / srun; every rank runs this same command).
 """
 
 from __future__ import annotations
@@ -15,22 +16,72 @@ from hvdtrack.cli import guarded, quiet_tensorflow
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hvdtrack train", description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True, help="YAML run configuration (configs/*.yaml)")
+    from hvdtrack.config import DEFAULT_CONFIG_NAME, packaged_configs
+
+    p = argparse.ArgumentParser(
+        prog="hvdtrack train",
+        description=__doc__.splitlines()[0],
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE|NAME",
+        help="a YAML run configuration, or the name of a packaged one ("
+        + ", ".join(packaged_configs())
+        + f"); default: the packaged '{DEFAULT_CONFIG_NAME}'",
+    )
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    quiet_tensorflow()
-    from hvdtrack.config import config_to_dict, load_config
+def _epilog() -> str:
+    from hvdtrack.config import DEFAULT_CONFIG_NAME, load_config, packaged_configs
+    from hvdtrack.errors import HvdtrackError
 
-    config = load_config(args.config, args.overrides)
+    rows = []
+    for name, path in packaged_configs().items():
+        try:
+            config = load_config(path)
+            data_dir, run_dir = config.data.dataset_dir, config.train.run_dir
+            rows.append(f"  {name:<9} dataset {data_dir:<20} run directory {run_dir}")
+        except HvdtrackError as err:
+            rows.append(f"  {name:<9} (does not load: {err})")
+    default = packaged_configs().get(DEFAULT_CONFIG_NAME)
+    try:
+        data_dir = load_config(default).data.dataset_dir if default else "?"
+    except HvdtrackError:
+        data_dir = "?"
+    return f"""\
+defaults:
+  configuration  the packaged '{DEFAULT_CONFIG_NAME}': {default}
+  dataset        {data_dir} (its data.dataset_dir, relative to the current directory)
+
+The dataset is prepared on first use: when data.dataset_dir does not exist yet, or was built
+from another data config, training prepares it first (as `python -m hvdtrack.prepare` does).
+Under horovodrun / mpirun / srun rank 0 prepares it and the other ranks wait, at most
+data.prepare_timeout_s seconds (default 1800): the directory must be on a filesystem all
+ranks share.
+
+packaged configurations (--config NAME; configs/NAME.yaml in a checkout):
+""" + "\n".join(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    quiet_tensorflow()
+    args = parser().parse_args(argv)
+    from hvdtrack.config import config_to_dict, load_config, resolve_config_path
+
+    config = load_config(resolve_config_path(args.config), args.overrides)
     if args.print_config:
         print(json.dumps(config_to_dict(config), indent=2))
         return 0
+    from hvdtrack.train.launch import ensure_dataset
+
+    # Before anything initialises Horovod / MPI / tf.distribute (train() does).
+    ensure_dataset(config)
     from hvdtrack.train.loop import train
 
     info = train(config)

@@ -1,0 +1,46 @@
+"""`python -m hvdtrack.train --config tiny` in an empty directory prepares data/tiny, then trains."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.launch import worker_env
+
+pytestmark = pytest.mark.slow
+
+
+def train(cwd, *args):
+    return subprocess.run(
+        [sys.executable, "-m", "hvdtrack.train", *args],
+        cwd=cwd,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_train_prepares_the_missing_dataset_then_trains(tmp_path):
+    result = train(tmp_path, "--config", "tiny", "train.epochs=1", "train.progress_bar=false")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    said = [line for line in lines if "preparing" in line]
+    assert said == ["[hvdtrack] dataset data/tiny not found: preparing it (6 events) ..."]
+    assert (tmp_path / "data/tiny/manifest.json").is_file()
+    assert (tmp_path / "data/tiny/prepare.json").is_file()
+    assert not [p for p in (tmp_path / "data").iterdir() if p.name.startswith(".")]  # no staging
+    info = json.loads((tmp_path / "runs/tiny/run.json").read_text())
+    assert info["status"] == "finished" and info["config_name"] == "tiny"
+
+
+def test_failed_preparation_stops_training_with_the_error(tmp_path):
+    missing = tmp_path / "no-events"
+    result = train(tmp_path, "--config", "trackml", f"data.trackml_dir={missing}")
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "[hvdtrack] dataset data/trackml-graphs not found: preparing it" in result.stdout
+    assert "Traceback" not in result.stderr
+    assert "hvdtrack: error: " in result.stderr and str(missing) in result.stderr
+    assert not (tmp_path / "runs").exists()
+    assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())
