@@ -1,4 +1,5 @@
-"""Epoch plans: greedy edge balancing, equal steps, reshuffling, read order and refusals."""
+"""Epoch plans: greedy edge balancing per step, balanced epoch shares, equal steps, reshuffling,
+read order and refusals."""
 
 from __future__ import annotations
 
@@ -10,20 +11,82 @@ from hvdtrack.inputs.balance import epoch_read_order, plan_epoch
 
 
 def test_one_step_is_packed_greedily_largest_first():
-    # 9 -> w0, 8 -> w1, 7 -> w2, 3 -> w2 (7 is least), 2 -> w1 (8 < 9), 1 -> w0 (the only one with room)
+    # 9 -> b0, 8 -> b1, 7 -> b2, 3 -> b2 (7 is least), 2 -> b1 (8 < 9), 1 -> b0 (the only one with room)
     edges = np.array([2, 9, 7, 1, 8, 3])
     plan = plan_epoch(edges, num_workers=3, batch_graphs=2, seed=0, epoch=0)
     assert plan.num_steps == 1
-    assert [sorted(plan.graph_ids[w, 0].tolist()) for w in range(3)] == [[1, 3], [0, 4], [2, 5]]
+    bins = sorted(sorted(plan.graph_ids[w, 0].tolist()) for w in range(3))
+    assert bins == [[0, 4], [1, 3], [2, 5]]
     assert plan.edges.tolist() == [[10, 10, 10]]
     assert plan.mean_imbalance == plan.worst_imbalance == 1.0
 
 
-def test_ties_go_to_the_lowest_worker():
+def test_two_graphs_each_pair_the_largest_with_the_smallest():
     plan = plan_epoch(np.array([10, 7, 5, 1]), num_workers=2, batch_graphs=2, seed=0, epoch=0)
-    assert [sorted(plan.graph_ids[w, 0].tolist()) for w in range(2)] == [[0, 3], [1, 2]]
-    assert plan.edges.tolist() == [[11, 12]]
+    assert sorted(sorted(plan.graph_ids[w, 0].tolist()) for w in range(2)) == [[0, 3], [1, 2]]
+    assert sorted(plan.edges[0].tolist()) == [11, 12]
     assert plan.worst_imbalance == pytest.approx(12 / 11.5)
+
+
+# One shard read whole: the read order is the graph ids, so the steps below are fixed.
+def _one_shard(num_graphs):
+    return {"shard_of": np.zeros(num_graphs, int), "record_of": np.arange(num_graphs)}
+
+
+def test_the_larger_graph_of_a_step_goes_to_the_worker_with_fewer_edges_so_far():
+    # Steps (9, 5) and (6, 8): the worker with the 9 gets the 6 (15 and 13 edges, not 17 and 11).
+    plan = plan_epoch(np.array([9, 5, 6, 8]), 2, 1, seed=0, epoch=0, **_one_shard(4))
+    assert plan.order.tolist() == [0, 1, 2, 3]
+    assert sorted(plan.graph_ids[w, :, 0].tolist() for w in range(2)) == [[0, 2], [1, 3]]
+    assert sorted(plan.edges.sum(axis=0).tolist()) == [13, 15]
+
+
+def test_three_equal_steps_give_each_worker_one_graph_of_each_size():
+    # Pairing two steps head to tail balances them, but the third then needs a chain of swaps.
+    edges = np.array([30, 20, 10, 30, 20, 10, 30, 20, 10])
+    plan = plan_epoch(edges, 3, 1, seed=0, epoch=0, **_one_shard(9))
+    assert [sorted(edges[plan.graph_ids[w, :, 0]].tolist()) for w in range(3)] == [[10, 20, 30]] * 3
+    assert plan.edges.sum(axis=0).tolist() == [60, 60, 60]
+
+
+def test_epoch_balancing_keeps_each_steps_bins():
+    # Steps (8, 5, 4, 1), (7, 6, 3, 1), (9, 2, 6, 4): bins of 9+9, 8+9, 11+10 edges, as if alone.
+    edges = np.array([8, 5, 4, 1, 7, 6, 3, 1, 9, 2, 6, 4])
+    plan = plan_epoch(edges, 2, 2, seed=0, epoch=0, **_one_shard(12))
+    assert [sorted(step.tolist()) for step in plan.edges] == [[9, 9], [8, 9], [10, 11]]
+    assert plan.step_imbalance.tolist() == pytest.approx([1.0, 9 / 8.5, 11 / 10.5])
+    assert plan.unbalanced_step_imbalance.tolist() == pytest.approx([13 / 9, 13 / 8.5, 11 / 10.5])
+    assert plan.edges.sum(axis=0).tolist() == [28, 28]
+
+
+# Edges of the 40 training graphs of configs/default.yaml (data/default/manifest.json), in
+# manifest order: 8 graphs per shard.
+DEFAULT_TRAIN_EDGES = [
+    7509, 7310, 8752, 7364, 7622, 7972, 8060, 8814, 8416, 7113,
+    8423, 7890, 8588, 8724, 8235, 8734, 8659, 8423, 7831, 7936,
+    7570, 7590, 9001, 7809, 7839, 8097, 8546, 7563, 8279, 7997,
+    7316, 9183, 8534, 8286, 7443, 7247, 7185, 8920, 9163, 7377,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "num_workers, batch_graphs, streamed",
+    [(2, 1, False), (8, 1, False), (2, 1, True), (8, 1, True), (2, 2, False), (4, 2, False)],
+)
+def test_default_dataset_every_worker_gets_its_share_of_every_epoch(
+    num_workers, batch_graphs, streamed
+):
+    layout = {"shard_of": np.arange(40) // 8, "record_of": np.arange(40) % 8} if streamed else {}
+    plans = [  # seed 1: the default config's train.seed
+        plan_epoch(DEFAULT_TRAIN_EDGES, num_workers, batch_graphs, seed=1, epoch=e, **layout)
+        for e in range(24)
+    ]
+    per_epoch = np.array([plan.edges.sum(axis=0) for plan in plans])  # [epoch, worker]
+    share = per_epoch / per_epoch.mean(axis=1, keepdims=True)
+    assert np.abs(share - 1).max() < 0.01
+    # No worker favoured: the most loaded one changes, and over 24 epochs all are even.
+    assert len(set(np.argmax(per_epoch, axis=1).tolist())) > 1
+    assert np.abs(share.mean(axis=0) - 1).max() < 0.001
 
 
 def test_each_step_keeps_read_order_within_a_worker():
