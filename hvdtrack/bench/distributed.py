@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 from hvdtrack.scaling import maths
 from hvdtrack.scaling.sweep import plan_sweep, run_sweep
-from hvdtrack.scaling.timing import read_run
+from hvdtrack.train.timing import read_run
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,13 +1,14 @@
 """Scaling studies: timing records, scaling maths, cost and energy, predictions, reports, sweeps.
 
-Modules (imports stay light here: the trainer imports ``timing`` and ``energy`` on every rank):
+Modules (imports stay light here: the trainer imports ``energy`` on every rank). The timing
+records they read are defined where training writes them, ``hvdtrack.train.timing``.
 
 - ``config``: ``ScalingConfig``, the ``scaling:`` config section.
-- ``timing``: ``StepRecord``, ``EpochRecord``, ``make_run_info``, ``write_run``, ``read_run``.
 - ``energy``: ``EnergyMeter`` (RAPL, NVML or a labelled estimate).
 - ``maths``: speedup, efficiencies, step statistics, cost and energy per epoch.
 - ``predict``: ring-allreduce model, efficiency at N = 8..1024, validation on measured runs.
 - ``report``: Markdown/CSV/JSON tables and PNG plots from run directories.
+- ``summary``: the report of one run, with where each epoch's time went.
 - ``sweep``: the ``run`` command (horovodrun locally, or SLURM scripts).
 
 Command line: ``python -m hvdtrack.scaling {run,report,predict,energy} --help``.

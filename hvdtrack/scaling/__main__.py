@@ -72,7 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="config overrides for every training run (after the options)",
     )
 
-    report = sub.add_parser("report", help="tables (md, csv, json) and plots from run directories")
+    report = sub.add_parser(
+        "report",
+        help="one run: its report (epochs and where their time went); several runs: the "
+        "scaling tables (md, csv, json) and plots",
+    )
     report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     report.add_argument(
         "--mode",
@@ -80,7 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: strong if the global batch is the same in all runs, "
         "weak if the per-worker batch is",
     )
-    report.add_argument("--out", help="output directory (default: <parent>/report-<mode>)")
+    report.add_argument(
+        "--out",
+        help="output directory (default: RUN_DIR/report for one run, <parent>/report-<mode>)",
+    )
     report.add_argument(
         "--price-per-device-hour",
         type=float,
@@ -185,6 +192,9 @@ def _run(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from hvdtrack.scaling import report
 
+    if len(args.run_dirs) == 1:  # one run: its own report, epoch accounting included
+        args.run_dir = args.run_dirs[0]
+        return _summary(args)
     runs = report.load_runs(args.run_dirs)
     overrides = {
         key: value

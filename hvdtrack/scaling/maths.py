@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from hvdtrack.errors import DataError
-from hvdtrack.scaling.timing import Run
+from hvdtrack.train.timing import Run
 
 STEP_FIELDS = ("data_s", "compute_s", "exchange_s", "total_s")
 
@@ -64,8 +64,7 @@ def step_times(run: Run, field: str = "total_s", include_warmup: bool = False) -
 
     Args:
       run: the run.
-      field: "total_s", "data_s", "compute_s" or "exchange_s" (steps where the exchange was not
-        measured are left out for "exchange_s").
+      field: "total_s", "data_s", "compute_s" or "exchange_s".
       include_warmup: keep steps that any rank marked warm-up.
 
     Returns:
@@ -78,18 +77,15 @@ def step_times(run: Run, field: str = "total_s", include_warmup: bool = False) -
     epoch = np.array([r.epoch for r in run.steps], dtype=np.int64)
     step = np.array([r.step for r in run.steps], dtype=np.int64)
     warm = np.array([r.warmup for r in run.steps], dtype=bool)
-    raw = [getattr(r, field) for r in run.steps]
-    measured = np.array([v is not None for v in raw], dtype=bool)
-    value = np.array([np.nan if v is None else v for v in raw], dtype=np.float64)
+    value = np.array([getattr(r, field) for r in run.steps], dtype=np.float64)
 
     keys, inverse = np.unique(np.stack([epoch, step], axis=1), axis=0, return_inverse=True)
     inverse = inverse.ravel()
     slowest = np.full(len(keys), -np.inf)
-    np.maximum.at(slowest, inverse[measured], value[measured])
+    np.maximum.at(slowest, inverse, value)
     any_warm = np.zeros(len(keys), dtype=bool)
     np.logical_or.at(any_warm, inverse, warm)
-    keep = np.isfinite(slowest) & (include_warmup | ~any_warm)
-    return slowest[keep]
+    return slowest[include_warmup | ~any_warm]
 
 
 def epoch_times(run: Run) -> np.ndarray:

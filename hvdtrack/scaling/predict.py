@@ -27,7 +27,7 @@ import numpy as np
 from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.scaling import maths
 from hvdtrack.scaling.config import ScalingConfig
-from hvdtrack.scaling.timing import Run
+from hvdtrack.train.timing import Run
 
 DEFAULT_NS = (8, 16, 32, 64, 128, 256, 512, 1024)
 

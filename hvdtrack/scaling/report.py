@@ -36,7 +36,7 @@ from hvdtrack import configtools
 from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.scaling import maths, predict
 from hvdtrack.scaling.config import ScalingConfig
-from hvdtrack.scaling.timing import Run, flatten_config, read_run
+from hvdtrack.train.timing import Run, flatten_config, read_run
 from hvdtrack.utils.io import atomic_write, write_json
 
 VARYING_KEYS = (

@@ -1,7 +1,11 @@
-"""The report of one training run: epochs, step statistics, throughput, cost and energy per epoch.
+"""The report of one training run: epochs, their accounting, step statistics, throughput, cost.
 
-``python -m hvdtrack.scaling summary RUN_DIR`` writes ``summary.md`` and ``summary.json``; the
-main job writes it for its run. Comparing runs of several worker counts is ``report``'s job.
+``python -m hvdtrack.scaling report RUN_DIR`` (one run; ``summary`` is the same) writes
+``summary.md`` and ``summary.json``; the main job writes it for its run. The accounting table
+splits every epoch of every rank into the parts of ``hvdtrack.train.timing.EPOCH_PARTS`` plus the
+wait at the gradient exchange, and flags an epoch whose unaccounted rest exceeds
+``timing.REST_LIMIT`` of its wall time. Comparing runs of several worker counts is ``report``'s
+job with several run directories.
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ from typing import Any
 import numpy as np
 
 from hvdtrack.scaling import maths
-from hvdtrack.scaling.timing import Run, read_run
+from hvdtrack.train import timing
+from hvdtrack.train.timing import Run, read_run
 from hvdtrack.utils.io import atomic_write, write_json
 
-STEP_FIELDS_SHOWN = ("data_s", "compute_s", "total_s")
+STEP_FIELDS_SHOWN = ("data_s", "compute_s", "exchange_s", "total_s")
 
 
 def summarize(run: Run) -> dict[str, Any]:
@@ -50,7 +55,14 @@ def summarize(run: Run) -> dict[str, Any]:
         }
         for e in rank0
     ]
+    accounts = timing.epoch_accounts(run)
+    step_sums = _step_sums(run)
+    timed = [e["epoch"] for e in epoch_rows][warmup_epochs:] or [e["epoch"] for e in epoch_rows]
     return {
+        "accounts": accounts,
+        "flagged_epochs": sum(1 for row in accounts if row["flagged"]),
+        "rest_limit": timing.REST_LIMIT,
+        "step_sum_s": float(np.median([step_sums[e - 1] for e in timed])) if timed else None,
         "run_dir": str(run.path),
         "config_name": info.get("config_name"),
         "status": info.get("status"),
@@ -109,6 +121,13 @@ def render(summary: dict[str, Any]) -> str:
         "| | mean | std | min | median | max | steps |",
         "|---|---|---|---|---|---|---|",
     ]
+    if s["step_sum_s"]:
+        lines[-4:-4] = [
+            f"Epoch time {s['epoch_s']:.2f} s against {s['step_sum_s']:.2f} s in its steps (sum "
+            f"of the slowest rank's step times, median over the same epochs): ratio "
+            f"{s['epoch_s'] / s['step_sum_s']:.3f}.",
+            "",
+        ]
     for field, st in s["step_statistics"].items():
         lines.append(
             f"| {field} | {st['mean']:.4f} | {st['std']:.4f} | {st['min']:.4f} | {st['median']:.4f} | "
@@ -128,6 +147,7 @@ def render(summary: dict[str, Any]) -> str:
             )
             + " |"
         )
+    lines += ["", *_accounts_lines(s)]
     m = s["metrics"]
     if m:
         lines += [
@@ -152,3 +172,60 @@ def write_summary(run_dir: str | os.PathLike, out: str | os.PathLike | None = No
         f.write(render(summary))
     write_json(out / "summary.json", summary)
     return out / "summary.md"
+
+
+ACCOUNT_COLUMNS = (
+    ("wall", "wall_s"),
+    ("train", "time_s"),
+    ("data", "data_s"),
+    ("compute", "compute_s"),
+    ("exchange", "exchange_s"),
+    ("of it wait", "wait_s"),
+    ("pipeline", "pipeline_s"),
+    ("validation", "validation_s"),
+    ("checkpoint", "checkpoint_s"),
+    ("summaries", "summaries_s"),
+    ("records", "records_s"),
+    ("rest", "rest_s"),
+)
+
+
+def _accounts_lines(summary: dict[str, Any]) -> list[str]:
+    """The per-epoch, per-rank accounting table, with a verdict line above it."""
+    rows, limit = summary["accounts"], summary["rest_limit"]
+    flagged = summary["flagged_epochs"]
+    verdict = (
+        f"every epoch of every rank accounted for within {limit:.0%} of its wall time"
+        if not flagged
+        else f"**{flagged} epoch(s) with more than {limit:.0%} of the wall time unaccounted** "
+        "(marked below)"
+    )
+    lines = [
+        f"Where the time went (seconds per epoch and rank; {verdict}). Wall: from the previous "
+        "epoch's record to this one's; train: the epoch time above (pipeline and steps); the "
+        "exchange holds the wait for slower ranks; records: gathering and writing the previous "
+        "epoch's records; rest: what no part accounts for.",
+        "",
+        "| epoch | rank | " + " | ".join(name for name, _ in ACCOUNT_COLUMNS) + " | rest % |",
+        "|---|---|" + "---|" * (len(ACCOUNT_COLUMNS) + 1),
+    ]
+    for row in rows:
+        mark = " over" if row["flagged"] else ""
+        lines.append(
+            f"| {row['epoch'] + 1} | {row['rank']} | "
+            + " | ".join(f"{row[key]:.2f}" for _, key in ACCOUNT_COLUMNS)
+            + f" | {row['rest_fraction']:.1%}{mark} |"
+        )
+    return lines
+
+
+def _step_sums(run: Run) -> dict[int, float]:
+    """Per epoch: the sum over its steps of the slowest rank's step time (warm-up included)."""
+    slowest: dict[tuple[int, int], float] = {}
+    for r in run.steps:
+        key = (r.epoch, r.step)
+        slowest[key] = max(slowest.get(key, 0.0), r.total_s)
+    sums: dict[int, float] = {}
+    for (epoch, _), seconds in slowest.items():
+        sums[epoch] = sums.get(epoch, 0.0) + seconds
+    return sums

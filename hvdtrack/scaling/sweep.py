@@ -35,7 +35,7 @@ import yaml
 
 from hvdtrack import configtools
 from hvdtrack.errors import ConfigError, DataError, TrainingError
-from hvdtrack.scaling.timing import read_run
+from hvdtrack.train.timing import read_run
 
 # Keys the sweep sets itself for every run; an override of them would break the comparison.
 SWEEP_KEYS = ("distributed.strategy", "train.batch_graphs", "train.run_dir")

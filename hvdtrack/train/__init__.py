@@ -1,1 +1,2 @@
-"""Training: the one loop (``loop``), the distribution seam (``distribute``), optimizer, metrics."""
+"""Training: the trainer (``trainer``), the one loop (``loop``), its timing records (``timing``),
+the distribution seam (``distribute``), optimizer, metrics, console output."""

@@ -20,7 +20,7 @@ import pytest
 
 from hvdtrack.config import load_config
 from hvdtrack.inputs import pipeline
-from hvdtrack.train.loop import Trainer
+from hvdtrack.train.trainer import Trainer
 from tests.launch import REPO, check, horovodrun, worker_env
 
 pytestmark = [pytest.mark.distributed]

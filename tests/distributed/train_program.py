@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from hvdtrack.config import load_config
-from hvdtrack.train.loop import Trainer
+from hvdtrack.train.loop import fit
+from hvdtrack.train.trainer import Trainer
 
 
 def main() -> None:
@@ -52,11 +53,11 @@ def main() -> None:
             **{f"grad{i}": g for i, g in enumerate(grads)},
             **{f"init{i}": w for i, w in enumerate(initial)},
         )
-    info_a = trainer.fit()
+    info_a = fit(trainer)
     losses_a = [e.train_loss for e in _epochs(out / "a")]
     weights = [float(np.abs(v.numpy()).sum()) for v in trainer.variables]
     trainer_b = Trainer(config("b"))
-    trainer_b.fit()
+    fit(trainer_b)
     losses_b = [e.train_loss for e in _epochs(out / "b")]
     # One file per rank: launchers interleave the ranks' stdout.
     (out / f"result-rank{rank}.json").write_text(
@@ -77,7 +78,7 @@ def main() -> None:
 
 
 def _epochs(run_dir: Path):
-    from hvdtrack.scaling.timing import read_run
+    from hvdtrack.train.timing import read_run
 
     return [e for e in read_run(run_dir).epochs if e.rank == 0]
 

@@ -7,7 +7,7 @@ from typing import Any, Optional, Sequence
 
 import pytest
 
-from hvdtrack.scaling.timing import EpochRecord, StepRecord, make_run_info, write_run
+from hvdtrack.train.timing import EPOCH_PARTS, EpochRecord, StepRecord, make_run_info, write_run
 
 BASE_CONFIG = {
     "model": {"hidden": 64, "iterations": 4},
@@ -30,7 +30,7 @@ def write_synthetic_run(
     config: Optional[dict[str, Any]] = None,
     energy: Optional[dict[str, Any]] = None,
     metrics: Optional[dict[str, float]] = None,
-    exchange_s: Optional[float] = None,
+    exchange_s: float = 0.0,
     gradient_bytes: Optional[int] = 4_000_000,
 ) -> Path:
     """A run of ``n`` ranks.
@@ -50,7 +50,7 @@ def write_synthetic_run(
                     step=k % per_epoch,
                     rank=rank,
                     data_s=0.01,
-                    compute_s=total - 0.01 - (exchange_s or 0.0),
+                    compute_s=total - 0.01 - exchange_s,
                     exchange_s=exchange_s,
                     total_s=total + rank * 0.001,
                     graphs=batch_graphs,
@@ -63,11 +63,13 @@ def write_synthetic_run(
             epoch=e,
             rank=rank,
             time_s=epoch_s[e][rank],
+            wall_s=epoch_s[e][rank],
             steps=per_epoch,
             graphs=per_epoch * batch_graphs,
             edges=per_epoch * batch_graphs * 100,
             train_loss=0.5,
             val={"loss": 0.4},
+            **{**dict.fromkeys(EPOCH_PARTS, 0.0), "compute_s": epoch_s[e][rank]},
         )
         for e in range(num_epochs)
         for rank in range(n)

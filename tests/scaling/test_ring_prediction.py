@@ -9,7 +9,7 @@ from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.scaling import predict
 from hvdtrack.scaling.config import ScalingConfig
 from hvdtrack.scaling.predict import NetworkModel
-from hvdtrack.scaling.timing import read_run
+from hvdtrack.train.timing import read_run
 
 # 80 Gb/s = 10 GB/s; no latency unless a test adds it.
 TEN_GB_S = NetworkModel("test", 80.0, 0.0)

@@ -10,7 +10,7 @@ import pytest
 from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.scaling import report
 from hvdtrack.scaling.config import ScalingConfig
-from hvdtrack.scaling.timing import read_run
+from hvdtrack.train.timing import read_run
 
 from_dirs = report.load_runs
 
@@ -35,8 +35,12 @@ def test_step_detail_and_physics_tables(strong_runs):
     md = report.render_markdown(report.build_report(from_dirs(strong_runs)))
     # Non-warm-up steps: 1.0 s (N=1); 0.55 s + 1 ms of rank 1 (N=2).
     # Graphs per epoch: 2 steps x 8 graphs = 16 in 100 s (N=1); 2 ranks x 2 x 4 = 16 in 55 s (N=2).
-    assert "| 1 | 8 | 8 | 1.0000 | 0.0000 | 1.0000 | 1.0000 | 0.0100 | n/a | 0.160 | 0.160 |" in md
-    assert "| 2 | 4 | 8 | 0.5510 | 0.0000 | 0.5510 | 0.5510 | 0.0100 | n/a | 0.291 | 0.145 |" in md
+    assert (
+        "| 1 | 8 | 8 | 1.0000 | 0.0000 | 1.0000 | 1.0000 | 0.0100 | 0.0000 | 0.160 | 0.160 |" in md
+    )
+    assert (
+        "| 2 | 4 | 8 | 0.5510 | 0.0000 | 0.5510 | 0.5510 | 0.0100 | 0.0000 | 0.291 | 0.145 |" in md
+    )
     assert "| 1 | 0.0412 | 0.991 | 0.958 | 0.957 | n/a |" in md
 
 
@@ -49,7 +53,7 @@ def test_every_file_is_written(strong_runs, tmp_path):
     assert [r["n"] for r in rows] == ["1", "2", "4"]
     assert float(rows[1]["efficiency"]) == pytest.approx(100 / 110)
     assert float(rows[2]["cost_per_epoch"]) == pytest.approx(0.1)
-    assert rows[0]["exchange_s"] == ""
+    assert float(rows[0]["exchange_s"]) == 0.0
     data = json.loads(paths["json"].read_text())
     assert data["mode"] == "strong" and data["rows"][1]["speedup"] == pytest.approx(100 / 55)
     assert data["scaling_config"]["price_per_device_hour"] == 3.0

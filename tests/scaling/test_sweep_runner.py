@@ -198,7 +198,10 @@ scaling: {{price_per_device_hour: 0.05, device_power_watts: 5.0, timing_warmup_s
 @pytest.mark.distributed
 def test_failed_training_run_is_reported_with_the_ranks_lines(tmp_path):
     config = tmp_path / "tiny.yaml"
-    config.write_text(TINY.format(data=tmp_path / "no-dataset"))
+    # A dataset directory holding something else: training refuses it (and touches nothing).
+    (tmp_path / "not-a-dataset").mkdir()
+    (tmp_path / "not-a-dataset" / "notes.txt").write_text("mine")
+    config.write_text(TINY.format(data=tmp_path / "not-a-dataset"))
     plan = sweep.plan_sweep("strong", (1,), config, tmp_path / "out")
     with pytest.raises(
         TrainingError, match=r"(?s)training run N=1 failed with exit code \d+: .*\[0\]<std"

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hvdtrack.errors import DataError
-from hvdtrack.scaling.timing import (
+from hvdtrack.train.timing import (
     EpochRecord,
     StepRecord,
     hash_config,
@@ -22,7 +22,7 @@ STEP = StepRecord(
     rank=0,
     data_s=0.01,
     compute_s=0.2,
-    exchange_s=None,
+    exchange_s=0.03,
     total_s=0.25,
     graphs=2,
     edges=300,
@@ -32,11 +32,20 @@ EPOCH = EpochRecord(
     epoch=0,
     rank=0,
     time_s=3.5,
+    wall_s=4.0,
     steps=10,
     graphs=20,
     edges=3000,
     train_loss=0.61,
     val={"loss": 0.5, "auc": 0.9},
+    data_s=0.1,
+    compute_s=2.9,
+    exchange_s=0.4,
+    pipeline_s=0.05,
+    validation_s=0.3,
+    checkpoint_s=0.1,
+    summaries_s=0.05,
+    records_s=0.05,
 )
 
 
@@ -166,7 +175,7 @@ def test_truncated_line_is_named(tmp_path):
         ({**STEP.__dict__, "kind": "step", "rank": 2}, "rank 2 but run.json says num_workers is 2"),
         ({**EPOCH.__dict__, "kind": "epoch", "val": [1]}, "'val' must be an object"),
         ({"kind": "batch"}, "'kind' must be 'header', 'step' or 'epoch'"),
-        ({"kind": "header", "schema": 7}, "timing schema 7 is not the supported version 1"),
+        ({"kind": "header", "schema": 7}, "timing schema 7 is not the supported version 2"),
     ],
 )
 def test_bad_record_is_named_with_its_line(tmp_path, record, message):

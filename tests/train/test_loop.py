@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from hvdtrack.errors import ConfigError, DataError, TrainingError
-from hvdtrack.train.loop import Trainer
+from hvdtrack.train.loop import fit
+from hvdtrack.train.trainer import Trainer
 
 
 def weights(trainer):
@@ -16,7 +17,7 @@ def weights(trainer):
 def test_loss_falls_and_the_step_compiles_once(tiny_config):
     trainer = Trainer(tiny_config("train.epochs=4", "train.learning_rate=0.02"))
     before = trainer.evaluate("val")["loss"]
-    info = trainer.fit()
+    info = fit(trainer)
     after = trainer.evaluate("val")["loss"]
     assert info["status"] == "finished"
     assert after < 0.8 * before
@@ -32,7 +33,7 @@ def test_loss_falls_and_the_step_compiles_once(tiny_config):
 
 def test_run_directory_contents(tiny_config):
     config = tiny_config("train.epochs=2")
-    Trainer(config).fit()
+    fit(Trainer(config))
     run = __import__("pathlib").Path(config.train.run_dir)
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "finished" and info["num_workers"] == 1
@@ -49,13 +50,13 @@ def test_run_directory_contents(tiny_config):
 
 def test_resume_continues_exactly(tiny_config):
     straight = Trainer(tiny_config("train.epochs=3", run="straight"))
-    straight.fit()
+    fit(straight)
     # 4 steps per epoch: stop in the middle of epoch 2, then run the same command again.
     first = Trainer(tiny_config("train.epochs=3", "train.stop_after_steps=6", run="resumed"))
-    assert first.fit()["status"] == "stopped"
+    assert fit(first)["status"] == "stopped"
     assert (int(first.epoch.numpy()), int(first.step_in_epoch.numpy())) == (1, 2)
     second = Trainer(tiny_config("train.epochs=3", run="resumed"))
-    info = second.fit()
+    info = fit(second)
     assert info["status"] == "finished"
     for a, b in zip(weights(straight), weights(second)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
@@ -77,7 +78,7 @@ def test_non_finite_loss_names_the_step_and_keeps_the_last_checkpoint(tiny_confi
         TrainingError,
         match=r"loss is (nan|inf) at epoch \d+ step \d+ \(global step \d+\).*Last good checkpoint",
     ):
-        trainer.fit()
+        fit(trainer)
     info = json.loads(open(tiny_config().train.run_dir + "/run.json").read())
     assert info["status"] == "failed"
 
@@ -93,10 +94,10 @@ def test_missing_dataset_is_named(tiny_config, tmp_path):
 
 
 def test_checkpoint_of_another_model_is_refused(tiny_config):
-    Trainer(tiny_config("train.epochs=1", run="shape")).fit()
+    fit(Trainer(tiny_config("train.epochs=1", run="shape")))
     other = Trainer(tiny_config("train.epochs=2", "model.node_encoder=[8, 16]", run="shape"))
     with pytest.raises(ConfigError, match=r"does not fit the configured model.*train.resume=false"):
-        other.fit()
+        fit(other)
 
 
 def test_checkpoint_scores_new_graphs(tiny_config, tiny_dataset):
@@ -106,7 +107,7 @@ def test_checkpoint_scores_new_graphs(tiny_config, tiny_dataset):
 
     config = tiny_config("train.epochs=2", run="infer")
     trainer = Trainer(config)
-    trainer.fit()
+    fit(trainer)
     model, loaded = load_classifier(config.train.run_dir, "latest")
     assert loaded.model == config.model
     for a, b in zip(model.trainable_variables, trainer.variables):

@@ -1,17 +1,27 @@
 """Timing records of a training run (per step, per epoch, per rank) and their files in the run dir.
 
-A run directory holds two files written by the chief (rank 0) after gathering every rank's records:
+The trainer writes them (``hvdtrack.train.loop``) and the scaling package reads them: this module
+is the one definition of their format. A run directory holds two files written by the chief
+(rank 0) after gathering every rank's records:
 
 - ``run.json``: the run's description (``info``): worker count, batches, status, metrics, energy,
   the resolved config. Built with ``make_run_info``; extra keys are kept and ignored.
-- ``timing.jsonl``: one JSON object per line, a header ``{"kind": "header", "schema": 1}`` then
+- ``timing.jsonl``: one JSON object per line, a header ``{"kind": "header", "schema": 2}`` then
   ``{"kind": "step", ...StepRecord fields}`` and ``{"kind": "epoch", ...EpochRecord fields}``.
+
+Every second of an epoch on a rank is accounted for. The epoch's wall time runs from the end of
+the previous epoch's record to the end of this one's and splits into ``EPOCH_PARTS``: the steps'
+data wait, compute and gradient exchange, the input pipeline's start and end, validation,
+checkpoints, summaries (TensorBoard, console) and records (gathering and writing the previous
+epoch's records); what is left is ``EpochRecord.rest_s``. The time spent waiting for slower ranks
+at the gradient exchange is derived from all ranks' step records by ``collective_waits``.
 
 ``write_run`` may be called at every epoch end with the cumulative lists: both files are replaced
 atomically, timing first, so a reader never sees ``status: finished`` before the final timing.
 
-Public symbols: ``StepRecord``, ``EpochRecord``, ``Run``, ``make_run_info``, ``hash_config``,
-``write_run``, ``read_run``, ``RUN_INFO_FILE``, ``TIMING_FILE``, ``SCHEMA_VERSION``.
+Public symbols: ``StepRecord``, ``EpochRecord``, ``EPOCH_PARTS``, ``Run``, ``collective_waits``,
+``epoch_accounts``, ``REST_LIMIT``, ``make_run_info``, ``hash_config``, ``write_run``,
+``read_run``, ``RUN_INFO_FILE``, ``TIMING_FILE``, ``SCHEMA_VERSION``.
 """
 
 from __future__ import annotations
@@ -24,17 +34,30 @@ import math
 import os
 import socket
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from hvdtrack.errors import DataError
 from hvdtrack.utils.io import atomic_write, write_json
 
 RUN_INFO_FILE = "run.json"
 TIMING_FILE = "timing.jsonl"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 STATUSES = ("running", "stopped", "finished", "failed")
 ENERGY_SOURCES = ("rapl", "nvml", "estimate")
 STRATEGIES = ("local", "horovod", "mirrored", "multiworker")
+# The parts of an epoch's wall time on one rank, in seconds (fields of EpochRecord).
+EPOCH_PARTS = (
+    "data_s",
+    "compute_s",
+    "exchange_s",
+    "pipeline_s",
+    "validation_s",
+    "checkpoint_s",
+    "summaries_s",
+    "records_s",
+)
+# An epoch whose unaccounted rest exceeds this fraction of its wall time is flagged.
+REST_LIMIT = 0.03
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +68,10 @@ class StepRecord:
       epoch, step: 0-based epoch and step-within-epoch indices.
       rank: the worker that measured it.
       data_s: time waiting for the next batch from the input pipeline.
-      compute_s: forward, backward and optimizer time (including the exchange when it cannot be
-        separated).
-      exchange_s: gradient allreduce time where measurable, else None.
-      total_s: the whole step, from the end of the previous step to the end of this one.
+      compute_s: forward and backward passes (every accumulated pass) and the optimizer update.
+      exchange_s: the gradient exchange (the step's one collective), including the time spent
+        waiting there for slower ranks (see ``collective_waits``).
+      total_s: the whole step, from asking for its first batch to the end of the update.
       graphs, edges: graphs and edges this rank processed in the step.
       warmup: True for the first ``scaling.timing_warmup_steps`` steps of the rank (excluded from
         statistics).
@@ -59,7 +82,7 @@ class StepRecord:
     rank: int
     data_s: float
     compute_s: float
-    exchange_s: Optional[float]
+    exchange_s: float
     total_s: float
     graphs: int
     edges: int
@@ -74,7 +97,7 @@ class StepRecord:
             rank=_int(data, "rank"),
             data_s=_seconds(data, "data_s"),
             compute_s=_seconds(data, "compute_s"),
-            exchange_s=_seconds(data, "exchange_s", optional=True),
+            exchange_s=_seconds(data, "exchange_s"),
             total_s=_seconds(data, "total_s"),
             graphs=_int(data, "graphs"),
             edges=_int(data, "edges"),
@@ -84,25 +107,47 @@ class StepRecord:
 
 @dataclasses.dataclass(frozen=True)
 class EpochRecord:
-    """One epoch on one rank.
+    """One epoch on one rank, with its wall time split into ``EPOCH_PARTS``.
 
     Attributes:
       epoch: 0-based epoch index.
       rank: the worker that measured it.
-      time_s: wall-clock time of the epoch's training steps on this rank (validation excluded).
+      time_s: the epoch's training time on this rank: input pipeline and steps, validation and
+        checkpoints excluded (the "time per epoch" of the scaling studies).
+      wall_s: everything from the end of the previous epoch's record to the end of this one.
       steps, graphs, edges: steps taken and graphs/edges processed by this rank.
       train_loss: mean training loss (the reduced value; the same on every rank).
       val: validation metrics after the epoch (loss, auc, efficiency, purity, ...) or None.
+      data_s, compute_s, exchange_s: sums over the epoch's steps (see ``StepRecord``).
+      pipeline_s: building the epoch's input pipelines and ending them.
+      validation_s: validation, including waiting for other ranks' parts.
+      checkpoint_s: saving checkpoints, including the barrier after a save.
+      summaries_s: TensorBoard summaries, progress and console lines.
+      records_s: gathering and writing the previous epoch's timing records.
     """
 
     epoch: int
     rank: int
     time_s: float
+    wall_s: float
     steps: int
     graphs: int
     edges: int
     train_loss: float
     val: Optional[dict[str, float]]
+    data_s: float
+    compute_s: float
+    exchange_s: float
+    pipeline_s: float
+    validation_s: float
+    checkpoint_s: float
+    summaries_s: float
+    records_s: float
+
+    @property
+    def rest_s(self) -> float:
+        """Wall time not accounted for by any part (Python overhead between steps, and gaps)."""
+        return self.wall_s - sum(getattr(self, part) for part in EPOCH_PARTS)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EpochRecord:
@@ -111,12 +156,67 @@ class EpochRecord:
             epoch=_int(data, "epoch"),
             rank=_int(data, "rank"),
             time_s=_seconds(data, "time_s"),
+            wall_s=_seconds(data, "wall_s"),
             steps=_int(data, "steps"),
             graphs=_int(data, "graphs"),
             edges=_int(data, "edges"),
             train_loss=_number(data, "train_loss"),
             val=_metrics(data, "val", optional=True),
+            **{part: _seconds(data, part) for part in EPOCH_PARTS},
         )
+
+
+def collective_waits(steps: Sequence[StepRecord]) -> dict[tuple[int, int], float]:
+    """Seconds each rank waited at the gradient exchange for slower ranks, per epoch.
+
+    The exchange is one collective per step: it ends at the same moment on every rank, so the
+    rank that arrived last spent only the transfer there, and any other rank's excess over it
+    is time spent waiting for that rank. Per step: ``wait = exchange_s - min over ranks``
+    (clock-free: durations only, so ranks on different hosts need no synchronised clocks).
+
+    Args:
+      steps: step records of every rank (each (epoch, step, rank) once).
+
+    Returns:
+      ``{(epoch, rank): seconds}`` summed over the epoch's steps; 0.0 with one rank.
+    """
+    fastest: dict[tuple[int, int], float] = {}
+    for r in steps:
+        key = (r.epoch, r.step)
+        fastest[key] = min(fastest.get(key, math.inf), r.exchange_s)
+    waits: dict[tuple[int, int], float] = {}
+    for r in steps:
+        key = (r.epoch, r.rank)
+        waits[key] = waits.get(key, 0.0) + r.exchange_s - fastest[(r.epoch, r.step)]
+    return waits
+
+
+def epoch_accounts(run: Run) -> list[dict[str, Any]]:
+    """Every epoch of every rank as a row of seconds: the parts, the wait, the rest and its flag.
+
+    Returns:
+      Rows ordered by (epoch, rank) with keys ``epoch``, ``rank``, ``wall_s``, ``time_s``, the
+      ``EPOCH_PARTS``, ``wait_s`` (the part of ``exchange_s`` spent waiting for slower ranks),
+      ``rest_s``, ``rest_fraction`` (of ``wall_s``) and ``flagged`` (rest over ``REST_LIMIT``).
+    """
+    waits = collective_waits(run.steps)
+    rows = []
+    for e in sorted(run.epochs, key=lambda e: (e.epoch, e.rank)):
+        fraction = e.rest_s / e.wall_s if e.wall_s > 0 else 0.0
+        rows.append(
+            {
+                "epoch": e.epoch,
+                "rank": e.rank,
+                "wall_s": e.wall_s,
+                "time_s": e.time_s,
+                **{part: getattr(e, part) for part in EPOCH_PARTS},
+                "wait_s": waits.get((e.epoch, e.rank), 0.0),
+                "rest_s": e.rest_s,
+                "rest_fraction": fraction,
+                "flagged": abs(fraction) > REST_LIMIT,
+            }
+        )
+    return rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,8 +446,10 @@ def read_run(run_dir: str | os.PathLike) -> Run:
             if kind == "header":
                 schema = data.get("schema")
                 if schema != SCHEMA_VERSION:
+                    older = isinstance(schema, int) and schema < SCHEMA_VERSION
                     raise ValueError(
                         f"timing schema {schema!r} is not the supported version {SCHEMA_VERSION}"
+                        + (" (written by an older hvdtrack: train the run again)" if older else "")
                     )
                 continue
             if kind == "step":
@@ -379,16 +481,12 @@ def _fast_step(data: dict[str, Any]) -> Optional[StepRecord]:
     except KeyError:
         return None
     ints_ok = type(epoch) is type(step) is type(rank) is type(graphs) is type(edges) is int
-    floats_ok = type(data_s) is type(compute_s) is type(total_s) is float and (
-        exchange_s is None or type(exchange_s) is float
-    )
+    floats_ok = type(data_s) is type(compute_s) is type(exchange_s) is type(total_s) is float
     if not (ints_ok and floats_ok and type(warmup) is bool):
         return None
-    if min(epoch, step, rank, graphs, edges) < 0 or not (
-        0 <= data_s < math.inf and 0 <= compute_s < math.inf and 0 <= total_s < math.inf
+    if min(epoch, step, rank, graphs, edges) < 0 or not all(
+        0 <= x < math.inf for x in (data_s, compute_s, exchange_s, total_s)
     ):
-        return None
-    if exchange_s is not None and not 0 <= exchange_s < math.inf:
         return None
     return StepRecord(
         epoch, step, rank, data_s, compute_s, exchange_s, total_s, graphs, edges, warmup

@@ -1,0 +1,357 @@
+"""The trainer: model, optimizer and the compiled training step of one run, timed part by part.
+
+One optimizer step is three compiled functions, so the host can time each part on its own:
+
+    local (forward + backward of every pass, graphs -> gradient sums)
+    -> exchange (the step's one collective: gradients and loss sums summed over all replicas)
+    -> apply (Adam update with clipping).
+
+Each is traced once (input signatures with dynamic sizes). ``Trainer.step`` runs them and
+returns a ``StepTimes``: data wait, compute (local + apply) and exchange, which includes any
+wait for slower ranks. The epoch loop is ``hvdtrack.train.loop``.
+
+Public symbols: ``Trainer``, ``StepTimes``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import tensorflow as tf
+
+from hvdtrack.config import Config
+from hvdtrack.errors import ConfigError, DataError
+from hvdtrack.inputs import pipeline
+from hvdtrack.inputs.balance import EpochPlan
+from hvdtrack.model.classifier import SegmentClassifier
+from hvdtrack.model.loss import weighted_bce_per_edge, weighted_bce_terms
+from hvdtrack.records.manifest import open_dataset
+from hvdtrack.train import metrics as metrics_lib
+from hvdtrack.train.distribute import Workers, make_workers
+from hvdtrack.train.optimizer import Adam, Schedule, scaled_learning_rate
+
+EPS = 1e-12
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTimes:
+    """One optimizer step on this process: results and wall-clock parts in seconds."""
+
+    loss: float
+    grad_norm: float
+    learning_rate: float
+    data_s: float
+    compute_s: float
+    exchange_s: float
+    total_s: float
+
+
+class Trainer:
+    """Builds the model, optimizer and compiled steps for one run; ``fit`` trains it.
+
+    Args:
+      config: the resolved run configuration.
+      workers: the distribution seam (made from ``config.distributed`` if not given).
+    """
+
+    def __init__(self, config: Config, workers: Workers | None = None):
+        self.config = config
+        self.workers = workers or make_workers(config.distributed)
+        self.dataset_dir = Path(config.data.dataset_dir)
+        self.manifest = open_dataset(self.dataset_dir, verify=config.train.verify_checksums)
+        table = self.manifest.split_table("train", str(self.dataset_dir))
+        self.train_edges = np.asarray(table.num_edges)
+        tc, dc = config.train, config.distributed
+        self.global_batch = (
+            tc.batch_graphs * self.workers.num_replicas * dc.backward_passes_per_step
+        )
+        first_plan = self.plan(0)
+        self.steps_per_epoch = first_plan.num_steps // dc.backward_passes_per_step
+        if tc.max_steps_per_epoch is not None:
+            self.steps_per_epoch = min(self.steps_per_epoch, tc.max_steps_per_epoch)
+        if self.steps_per_epoch < 1:
+            raise DataError(
+                f"{self.dataset_dir}: {len(self.train_edges)} training graphs give no full step of "
+                f"{self.global_batch} graphs ({tc.batch_graphs} per worker x "
+                f"{self.workers.num_replicas} workers x {dc.backward_passes_per_step} passes); "
+                "prepare more events or lower train.batch_graphs"
+            )
+        self.learning_rate = scaled_learning_rate(
+            tc.learning_rate, self.workers.num_replicas, tc.lr_scaling
+        )
+        schedule = Schedule(
+            peak=self.learning_rate,
+            warmup_steps=int(round(tc.warmup_epochs * self.steps_per_epoch)),
+            total_steps=tc.epochs * self.steps_per_epoch,
+            decay=tc.decay,
+            decay_rate=tc.decay_rate,
+            min_fraction=tc.min_learning_rate_fraction,
+            warmup_start_divisor=float(self.workers.num_replicas)
+            if tc.lr_scaling != "none"
+            else 1.0,
+        )
+        self.graph_spec, self.label_spec = pipeline.input_signature()
+        # Different initial weights per rank: the broadcast below, not the seed, makes them equal.
+        tf.random.set_seed(tc.seed + 1000 * self.workers.rank)
+        with self.workers.scope():
+            self.model = SegmentClassifier(config.model)
+            self.optimizer = Adam(
+                schedule, tc.adam_beta1, tc.adam_beta2, tc.adam_epsilon, tc.grad_clip_norm
+            )
+            self.model(pipeline.placeholder_graph())  # Sonnet creates variables lazily
+            self.variables = list(self.model.trainable_variables)
+            self.optimizer.build(self.variables)
+            self.accumulators = (
+                [
+                    tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="accumulate")
+                    for v in self.variables + [tf.constant(0.0), tf.constant(0.0)]
+                ]
+                if dc.backward_passes_per_step > 1
+                else []
+            )
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        self.step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_in_epoch")
+        self.checkpoint = tf.train.Checkpoint(
+            model=self.model,
+            optimizer=self.optimizer,
+            epoch=self.epoch,
+            step_in_epoch=self.step_in_epoch,
+        )
+        self._build_steps()
+
+    # ----------------------------------------------------------------------------- planning
+    def plan(self, epoch: int) -> EpochPlan:
+        """The balanced assignment of training graphs to workers and steps for ``epoch``.
+
+        Identical on every worker (a function of the seed and the epoch); every worker runs the
+        same number of steps, so no collective waits on a worker that ran out of data.
+        """
+        return pipeline.plan_train_epoch(
+            self.manifest,
+            self.workers.num_replicas,
+            self.config.train.batch_graphs,
+            self.config.train.seed,
+            epoch,
+            dataset=str(self.dataset_dir),
+        )
+
+    # ----------------------------------------------------------------------------- compiled steps
+    def _build_steps(self) -> None:
+        tc = self.config.train
+        workers, model, variables = self.workers, self.model, self.variables
+        local = workers.local_replicas
+        scalar = tf.TensorSpec([], tf.float32)
+        grad_specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
+
+        def local_terms(graphs, labels):
+            with tf.GradientTape() as tape:
+                logits = model(graphs)
+                loss_sum, weight_sum = weighted_bce_terms(
+                    logits, labels, tc.true_weight, tc.fake_weight
+                )
+            grads = tape.gradient(loss_sum, variables)
+            # Sonnet-style optimizers expect every variable: no gradient means a zero update.
+            grads = [
+                tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                for g, v in zip(grads, variables)
+            ]
+            return loss_sum, weight_sum, grads
+
+        def replica_local(graphs, labels):
+            # The last pass of a step: adds (and clears) what earlier passes accumulated.
+            loss_sum, weight_sum, grads = local_terms(graphs, labels)
+            if self.accumulators:
+                acc = [a.read_value() for a in self.accumulators]
+                for a in self.accumulators:
+                    a.assign(tf.zeros_like(a))
+                grads = [g + a for g, a in zip(grads, acc[:-2])]
+                loss_sum, weight_sum = loss_sum + acc[-2], weight_sum + acc[-1]
+            return [loss_sum, weight_sum, *grads]
+
+        def replica_accumulate(graphs, labels):
+            loss_sum, weight_sum, grads = local_terms(graphs, labels)
+            for a, value in zip(self.accumulators, grads + [loss_sum, weight_sum]):
+                a.assign_add(value)
+            return loss_sum
+
+        def replica_exchange(loss_sum, weight_sum, *grads):
+            # Inputs of a compiled function carry no device; collectives of tf.distribute want
+            # their values placed on the replica's device (the identity does that, no copy).
+            loss_sum, weight_sum, *grads = [tf.identity(x) for x in (loss_sum, weight_sum, *grads)]
+            # Exact global mean over edges: sums of (gradient of the loss sum, loss sum, weight)
+            # over all replicas, divided once, so 2 workers x b graphs == 1 worker x 2b graphs.
+            if workers.exact_gradient_exchange:
+                # One collective per step: the scalar sums ride with the gradients.
+                *grads, total_loss, total_weight = workers.reduce_gradients(
+                    [*grads, loss_sum, weight_sum]
+                )
+                grads = [g / tf.maximum(total_weight, EPS) for g in grads]
+                return [total_loss / tf.maximum(total_weight, EPS), *grads]
+            # fp16 compression or Adasum: the sums stay exact and uncompressed (a weight sum can
+            # exceed float16's range), the gradients are normalised before the exchange.
+            total_loss, total_weight = workers.reduce_sum([loss_sum, weight_sum])
+            norm = weight_sum if workers.adaptive_reduction else total_weight
+            grads = workers.reduce_gradients([g / tf.maximum(norm, EPS) for g in grads])
+            return [total_loss / tf.maximum(total_weight, EPS), *grads]
+
+        def replica_apply(*grads):
+            lr = self.optimizer.learning_rate()
+            return [self.optimizer.apply(list(grads), variables), lr]
+
+        def compiled(replica_fn, spec):
+            # One input tuple per local replica, flattened; outputs: one list per local replica.
+            size = len(spec)
+
+            def run(*flat):
+                return workers.run(
+                    replica_fn, [flat[i : i + size] for i in range(0, len(flat), size)]
+                )
+
+            return tf.function(run, input_signature=list(spec) * local)
+
+        graph_spec = [self.graph_spec, self.label_spec]
+        self._local = compiled(replica_local, graph_spec)
+        self._accumulate = compiled(replica_accumulate, graph_spec)
+        self._exchange = compiled(replica_exchange, [scalar, scalar, *grad_specs])
+        self._apply = compiled(replica_apply, grad_specs)
+
+        @tf.function(input_signature=graph_spec)
+        def eval_step(graphs, labels):
+            logits = model(graphs)
+            per_edge, weights = weighted_bce_per_edge(
+                logits, labels, tc.true_weight, tc.fake_weight
+            )
+            return tf.sigmoid(logits[-1]), per_edge, weights
+
+        self._eval_step = eval_step
+
+    def compile(self) -> float:
+        """Traces the step's compiled parts now (no op runs), so that no step times a trace;
+        returns the seconds it took."""
+        start = time.perf_counter()
+        parts = [self._local, self._exchange, self._apply]
+        if self.accumulators:
+            parts.append(self._accumulate)
+        for part in parts:
+            part.get_concrete_function()
+        return time.perf_counter() - start
+
+    def step(self, batches: Iterator[list[tuple[Any, tf.Tensor]]]) -> StepTimes:
+        """Runs one optimizer step on the next batches of ``batches`` (one per pass), timed.
+
+        Each part ends with a host read of a scalar it produced, so its time is its own (on
+        CPU a compiled call returns when done; on GPU the read waits for the device).
+        """
+        passes = self.config.distributed.backward_passes_per_step
+        data_s = compute_s = 0.0
+        start = done = time.perf_counter()
+        for p in range(passes):
+            flat = [x for pair in next(batches) for x in pair]
+            fed = time.perf_counter()
+            data_s += fed - done
+            if p < passes - 1:
+                _ = [float(out) for out in self._accumulate(*flat)]
+            else:
+                terms = self._local(*flat)
+                float(terms[0][0])
+            done = time.perf_counter()
+            compute_s += done - fed
+        reduced = self._exchange(*[x for replica in terms for x in replica])
+        loss = float(reduced[0][0])
+        exchanged = time.perf_counter()
+        norm, lr = self._apply(*[x for replica in reduced for x in replica[1:]])[0]
+        norm, lr = float(norm), float(lr)
+        end = time.perf_counter()
+        return StepTimes(
+            loss=loss,
+            grad_norm=norm,
+            learning_rate=lr,
+            data_s=data_s,
+            compute_s=compute_s + (end - exchanged),
+            exchange_s=exchanged - done,
+            total_s=end - start,
+        )
+
+    def gradients(self, batches: list[tuple[Any, tf.Tensor]]) -> tuple[float, list[np.ndarray]]:
+        """The reduced (global mean) gradients for one step's batches, without applying them.
+
+        ``batches`` holds one (GraphsTuple, labels) pair per local replica. Used by the
+        equivalence tests; the training step runs exactly the same local and exchange parts.
+        """
+        terms = self._local(*[t for pair in batches for t in pair])
+        reduced = self._exchange(*[x for replica in terms for x in replica])[0]
+        return float(reduced[0]), [g.numpy() for g in reduced[1:]]
+
+    def trace_count(self) -> int:
+        """Traces of the step's compiled parts (1 each once it has run: one graph per part)."""
+        return max(f.experimental_get_tracing_count() for f in (self._local, self._apply))
+
+    # ----------------------------------------------------------------------------- validation
+    def evaluate(self, split: str = "val") -> dict[str, float]:
+        """Loss and edge metrics over the whole split, sharded over workers, reduced exactly."""
+        tc = self.config.train
+        columns = []
+        for worker in self.workers.replica_ids:
+            data = pipeline.eval_dataset(
+                self.dataset_dir,
+                self.manifest,
+                split,
+                worker,
+                self.workers.num_replicas,
+                tc.batch_graphs,
+            )
+            for graphs, labels in data:
+                scores, per_edge, weights = self._eval_step(graphs, labels)
+                columns.append(
+                    np.stack(
+                        [scores.numpy(), labels.numpy(), per_edge.numpy(), weights.numpy()], axis=1
+                    )
+                )
+        local = np.concatenate(columns) if columns else np.zeros((0, 4), np.float32)
+        gathered = self.workers.allgather_host(local).astype(np.float64)
+        if gathered.shape[0] == 0:
+            raise DataError(f"{self.dataset_dir}: the {split} split holds no edges to validate on")
+        result = metrics_lib.edge_metrics(gathered[:, 0], gathered[:, 1], tc.thresholds)
+        result["loss"] = float(gathered[:, 2].sum() / max(gathered[:, 3].sum(), EPS))
+        return result
+
+    # ----------------------------------------------------------------------------- training
+    def restore(self, directory: Path | None) -> str | None:
+        """Restores the newest checkpoint under ``directory`` (None: none), then makes every
+        replica hold rank 0's values; returns the checkpoint's path or None."""
+        latest = tf.train.latest_checkpoint(str(directory)) if directory is not None else None
+        if latest:
+            try:
+                self.checkpoint.restore(latest).assert_existing_objects_matched()
+            except (AssertionError, ValueError, tf.errors.OpError) as err:
+                raise ConfigError(
+                    f"checkpoint {latest} does not fit the configured model ({str(err).splitlines()[0]}); "
+                    f"it was written with the model settings in {directory.parent / 'config.yaml'}. "
+                    "Use another train.run_dir, or train.resume=false to start afresh"
+                ) from None
+        # Whatever each rank holds now, rank 0's values win (fresh start: the random init).
+        self.workers.broadcast_variables(
+            self.variables + self.optimizer.m + self.optimizer.v + [self.optimizer.step]
+        )
+        return latest
+
+    def batches(self, epoch: int, first_step: int) -> Iterator[list[tuple[Any, tf.Tensor]]]:
+        """Yields, per step, one (graphs, labels) batch per local replica, in plan order."""
+        plan = self.plan(epoch)
+        passes = self.config.distributed.backward_passes_per_step
+        limit = (self.steps_per_epoch - first_step) * passes
+        # Resuming mid-epoch: the plan is the one made before the interruption; skip what ran.
+        datasets = [
+            pipeline.train_dataset(self.dataset_dir, self.manifest, plan, worker)
+            .skip(first_step * passes)
+            .take(limit)
+            for worker in self.workers.replica_ids
+        ]
+        iterators = [iter(d) for d in datasets]
+        with pipeline.read_errors_as_data_error(self.dataset_dir, self.manifest):
+            for _ in range(limit):
+                yield [next(it) for it in iterators]

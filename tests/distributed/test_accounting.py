@@ -1,0 +1,44 @@
+"""Epoch accounting under real ``horovodrun -np 2``: a slow reader shows up as data wait, a slow
+rank as compute on that rank and as collective wait on the other, and nothing goes unaccounted."""
+
+import pytest
+
+from hvdtrack.train import timing
+from tests.launch import REPO, check, horovodrun
+
+pytestmark = [pytest.mark.distributed]
+PROGRAM = "tests/distributed/accounting_program.py"
+CONFIG = str(REPO / "configs/tiny.yaml")
+DELAY = 0.25
+
+
+def _accounts(tmp_path, tiny_dataset, slow):
+    run_dir = tmp_path / "run"
+    check(horovodrun(2, [PROGRAM, CONFIG, str(tiny_dataset), str(run_dir), slow, str(DELAY)]))
+    run = timing.read_run(run_dir)
+    rows = {(r["epoch"], r["rank"]): r for r in timing.epoch_accounts(run)}
+    assert sorted(rows) == [(e, r) for e in range(3) for r in range(2)]
+    steps = run.info["steps_per_epoch"]
+    return rows, steps
+
+
+def _every_second_accounted(rows):
+    for row in rows.values():
+        parts = sum(row[p] for p in timing.EPOCH_PARTS)
+        assert row["wall_s"] == pytest.approx(parts + row["rest_s"])
+        assert not row["flagged"], row  # rest under 3% of the wall time
+        assert row["time_s"] <= row["wall_s"]
+
+
+@pytest.mark.parametrize("slow", ["data", "compute"])
+def test_slow_rank_is_accounted_where_it_waits(slow, tiny_dataset, tmp_path):
+    rows, steps = _accounts(tmp_path, tiny_dataset, slow)
+    _every_second_accounted(rows)
+    injected = DELAY * steps
+    for epoch in range(3):
+        slow_rank, fast_rank = rows[(epoch, 1)], rows[(epoch, 0)]
+        # The delay lands in the slow rank's own part ...
+        assert slow_rank[f"{slow}_s"] - fast_rank[f"{slow}_s"] >= 0.8 * injected, rows
+        # ... and the other rank spends it waiting at the gradient exchange.
+        assert fast_rank["wait_s"] - slow_rank["wait_s"] >= 0.8 * injected, rows
+        assert fast_rank["exchange_s"] >= fast_rank["wait_s"]
