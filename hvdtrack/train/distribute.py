@@ -44,6 +44,34 @@ def _threads_per_process(processes_on_host: int) -> int:
     return max(1, available // processes_on_host)
 
 
+# Ranks on this host, as launchers announce them before any communication starts.
+_LOCAL_SIZE_VARIABLES = ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+
+
+def _launcher_local_size(environ=os.environ) -> int:
+    """Processes the launcher started on this host (1 when it does not say)."""
+    for name in _LOCAL_SIZE_VARIABLES:
+        try:
+            return max(1, int(environ[name]))
+        except (KeyError, ValueError):
+            continue
+    return 1
+
+
+def _share_cores(local_size: int, environ=os.environ) -> bool:
+    """Prepares ranks that outnumber this host's cores; call before MPI starts.
+
+    Open MPI busy-polls while a rank waits at a collective unless told it is oversubscribed,
+    which horovodrun's ``-H localhost:N`` hides from it: 8 ranks on 2 cores then spent a third
+    of their CPU in the kernel and ran an epoch 1.7x slower than with yielding (18.1 s vs
+    10.4 s, docs/results.md). An explicit setting wins. Returns True when ranks share cores.
+    """
+    if local_size <= _cpu_threads():
+        return False
+    environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    return True
+
+
 def _set_threads(threads: int) -> None:
     # Only possible before TensorFlow's runtime starts (before the first op); a process that
     # already ran ops (a notebook, a test) keeps its settings.
@@ -67,6 +95,7 @@ class Workers:
         self.local_rank, self.local_size = 0, 1  # this process among those on its host
         self.threads = config.threads_per_worker or _cpu_threads()
         _set_threads(self.threads)
+        self.shares_cores = False  # more processes on this host than cores
 
     # ------------------------------------------------------------------ identity
     @property
@@ -156,6 +185,7 @@ class HorovodWorkers(Workers):
         if config.horovod_cycle_time_ms is not None:
             # Read by Horovod's background thread at hvd.init(); the config is the one source.
             os.environ["HOROVOD_CYCLE_TIME"] = f"{config.horovod_cycle_time_ms:g}"
+        self.shares_cores = _share_cores(_launcher_local_size())
         hvd.init()
         self.rank = hvd.rank()
         self.num_processes = hvd.size()
@@ -173,6 +203,7 @@ class HorovodWorkers(Workers):
             tf.config.experimental.set_memory_growth(gpus[self.local_rank], True)
         self.threads = config.threads_per_worker or _threads_per_process(hvd.local_size())
         _set_threads(self.threads)
+        self.shares_cores = self.shares_cores or hvd.local_size() > _cpu_threads()
         self._op = hvd.Adasum if config.reduce_op == "adasum" else hvd.Sum
         self._compression = (
             hvd.Compression.fp16 if config.compression == "fp16" else hvd.Compression.none
@@ -268,6 +299,7 @@ class StrategyWorkers(Workers):
             self.name = "multiworker"
             self.local_size = hosts_here
             self.local_rank = self.rank % hosts_here
+            self.shares_cores = hosts_here > _cpu_threads()
         else:
             self.threads = config.threads_per_worker or _cpu_threads()
             _set_threads(self.threads)
@@ -277,6 +309,7 @@ class StrategyWorkers(Workers):
             self.num_processes = 1
             self.name = "mirrored"
             self.local_rank, self.local_size = 0, 1
+            self.shares_cores = False
         self.local_replicas = self.strategy.num_replicas_in_sync // self.num_processes
 
     def describe(self) -> dict[str, Any]:

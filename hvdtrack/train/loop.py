@@ -20,6 +20,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -219,6 +220,12 @@ class _Fit:
         if start_epoch >= self.tc.epochs:
             return self._info("finished", previous.info.get("metrics") if previous else None)
         self.summaries = _Summaries(self.t, self.run_dir)
+        if self.workers.shares_cores:
+            log.info(
+                f"{self.workers.local_size} ranks share {_cores()} cores on this host: "
+                f"{self.workers.threads} thread(s) each, MPI yields while waiting; expect no "
+                "speed-up from more ranks than cores"
+            )
         if previous is None:
             self.summaries.start(start_epoch)
         meter = EnergyMeter(
@@ -464,6 +471,10 @@ class _Fit:
         log.info(f"run directory: {self.run_dir}{note}")
         self.summaries.close()
         return info
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def fit(trainer: Trainer) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrack.config import Config, config_to_dict, dump_config
-from hvdtrack.train import console
 from hvdtrack.utils.io import write_json
 
 PACKAGES = (
@@ -77,26 +76,3 @@ def write_hparams(writer, config: Config, num_workers: int, global_batch: int) -
                 flat[f"{section}.{key}"] = str(value)
     with writer.as_default():
         hp.hparams(flat, trial_id=Path(config.train.run_dir).name)
-
-
-# TODO(loop refactor): remove. Aliases of hvdtrack.train.console for loop.py's current calls:
-# ``progress(enabled, total, initial, epoch)`` whose ``update(loss, edges_per_s)`` has no step,
-# and ``print(epoch_line(...))`` with the "[hvdtrack]" prefix.
-def progress(enabled: bool, total: int, initial: int, epoch: int) -> _CountingProgress:
-    return _CountingProgress(console.progress(enabled, total, initial, epoch), initial)
-
-
-class _CountingProgress:  # TODO(loop refactor): remove
-    def __init__(self, reporter: Any, initial: int):
-        self.reporter, self.step = reporter, initial
-
-    def update(self, loss: float, edges_per_s: float) -> None:
-        self.reporter.update(self.step, loss, edges_per_s)
-        self.step += 1
-
-    def close(self) -> None:
-        self.reporter.close()
-
-
-def epoch_line(*args: Any) -> str:  # TODO(loop refactor): remove
-    return "[hvdtrack] " + console.epoch_line(*args)

@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from hvdtrack.train import console, rundir
+from hvdtrack.train import console
 
 
 class FakeClock:
@@ -224,12 +224,3 @@ def test_epoch_line():
         " purity 0.5000"
     )
     assert console.epoch_line(0, 3, 1.0, [], {}) == "epoch 1/3 1.0s train loss nan"
-
-
-def test_rundir_aliases_keep_the_old_calls_working():
-    # TODO(loop refactor): remove with the aliases in rundir.py.
-    assert rundir.epoch_line(0, 1, 2.0, [1.0], {}) == "[hvdtrack] epoch 1/1 2.0s train loss 1.0000"
-    bar = rundir.progress(False, 3, 1, 0)
-    bar.update(0.5, 10.0)
-    assert bar.step == 2
-    bar.close()
