@@ -11,11 +11,11 @@ py="${HVDTRACK_VENV:-$repo/.venv}/bin/python"
 out="${OUT:-runs/scaling-study}"
 docs="docs/scaling"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-common=(train.epochs=3 train.max_steps_per_epoch=20 train.validate_every_epochs=1000
+common=(train.epochs=4 train.max_steps_per_epoch=20 train.validate_every_epochs=1000
         distributed.threads_per_worker=1 train.progress_bar=false train.resume=false)
 
 # Strong scaling (global batch 2 graphs) and Horovod overhead (local run vs horovodrun -np 1).
-"$py" -m hvdtrack.bench distributed --config "$config" --out "$out/strong" --epochs 3 \
+"$py" -m hvdtrack.bench distributed --config "$config" --out "$out/strong" --epochs 4 \
     --global-batch 2 --max-steps 20 --json "$out/distributed-bench.json" | tee "$out.bench.txt"
 # Weak scaling: 1 graph per worker per step.
 "$py" -m hvdtrack.scaling run --mode weak --np 1,2 --config "$config" --batch 1 \

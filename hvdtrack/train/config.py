@@ -18,6 +18,9 @@ class TrainConfig:
     ``stop_after_steps`` ends this invocation after that many optimizer steps with a checkpoint
     (status "stopped"), e.g. to fit a batch job's time limit; running the same command again
     resumes exactly where it stopped.
+
+    ``progress_bar``: the chief shows progress; on a terminal as a bar, otherwise (SLURM,
+    horovodrun, CI logs) as one plain line every ``progress_interval_s`` seconds.
     """
 
     run_dir: str = "runs/default"
@@ -46,6 +49,7 @@ class TrainConfig:
     log_every_steps: int = 10
     profile_steps: Optional[tuple[int, int]] = None
     progress_bar: bool = True
+    progress_interval_s: float = 30.0
     verify_checksums: bool = True
 
     def __post_init__(self):
@@ -98,6 +102,7 @@ class TrainConfig:
         check(self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1")
         check(self.validate_every_epochs >= 1, "validate_every_epochs", "must be >= 1")
         check(self.log_every_steps >= 1, "log_every_steps", "must be >= 1")
+        check(self.progress_interval_s > 0, "progress_interval_s", "must be > 0")
         check(
             self.profile_steps is None or 0 <= self.profile_steps[0] < self.profile_steps[1],
             "profile_steps",

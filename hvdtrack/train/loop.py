@@ -305,7 +305,12 @@ class _Fit:
         passes = self.cfg.distributed.backward_passes_per_step
         tally = _EpochTally()
         bar = console.progress(
-            self.chief and tc.progress_bar, t.steps_per_epoch, first, epoch, tc.epochs
+            self.chief and tc.progress_bar,
+            t.steps_per_epoch,
+            first,
+            epoch,
+            tc.epochs,
+            interval=tc.progress_interval_s,
         )
         for step in range(first, t.steps_per_epoch):
             with clock.part("summaries_s"):

@@ -141,66 +141,9 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- compiled steps
     def _build_steps(self) -> None:
-        tc = self.config.train
-        workers, model, variables = self.workers, self.model, self.variables
-        local = workers.local_replicas
+        tc, workers, model = self.config.train, self.workers, self.model
         scalar = tf.TensorSpec([], tf.float32)
-        grad_specs = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
-
-        def local_terms(graphs, labels):
-            with tf.GradientTape() as tape:
-                logits = model(graphs)
-                loss_sum, weight_sum = weighted_bce_terms(
-                    logits, labels, tc.true_weight, tc.fake_weight
-                )
-            grads = tape.gradient(loss_sum, variables)
-            # Sonnet-style optimizers expect every variable: no gradient means a zero update.
-            grads = [
-                tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
-                for g, v in zip(grads, variables)
-            ]
-            return loss_sum, weight_sum, grads
-
-        def replica_local(graphs, labels):
-            # The last pass of a step: adds (and clears) what earlier passes accumulated.
-            loss_sum, weight_sum, grads = local_terms(graphs, labels)
-            if self.accumulators:
-                acc = [a.read_value() for a in self.accumulators]
-                for a in self.accumulators:
-                    a.assign(tf.zeros_like(a))
-                grads = [g + a for g, a in zip(grads, acc[:-2])]
-                loss_sum, weight_sum = loss_sum + acc[-2], weight_sum + acc[-1]
-            return [loss_sum, weight_sum, *grads]
-
-        def replica_accumulate(graphs, labels):
-            loss_sum, weight_sum, grads = local_terms(graphs, labels)
-            for a, value in zip(self.accumulators, grads + [loss_sum, weight_sum]):
-                a.assign_add(value)
-            return loss_sum
-
-        def replica_exchange(loss_sum, weight_sum, *grads):
-            # Inputs of a compiled function carry no device; collectives of tf.distribute want
-            # their values placed on the replica's device (the identity does that, no copy).
-            loss_sum, weight_sum, *grads = [tf.identity(x) for x in (loss_sum, weight_sum, *grads)]
-            # Exact global mean over edges: sums of (gradient of the loss sum, loss sum, weight)
-            # over all replicas, divided once, so 2 workers x b graphs == 1 worker x 2b graphs.
-            if workers.exact_gradient_exchange:
-                # One collective per step: the scalar sums ride with the gradients.
-                *grads, total_loss, total_weight = workers.reduce_gradients(
-                    [*grads, loss_sum, weight_sum]
-                )
-                grads = [g / tf.maximum(total_weight, EPS) for g in grads]
-                return [total_loss / tf.maximum(total_weight, EPS), *grads]
-            # fp16 compression or Adasum: the sums stay exact and uncompressed (a weight sum can
-            # exceed float16's range), the gradients are normalised before the exchange.
-            total_loss, total_weight = workers.reduce_sum([loss_sum, weight_sum])
-            norm = weight_sum if workers.adaptive_reduction else total_weight
-            grads = workers.reduce_gradients([g / tf.maximum(norm, EPS) for g in grads])
-            return [total_loss / tf.maximum(total_weight, EPS), *grads]
-
-        def replica_apply(*grads):
-            lr = self.optimizer.learning_rate()
-            return [self.optimizer.apply(list(grads), variables), lr]
+        grad_specs = [tf.TensorSpec(v.shape, v.dtype) for v in self.variables]
 
         def compiled(replica_fn, spec):
             # One input tuple per local replica, flattened; outputs: one list per local replica.
@@ -211,13 +154,13 @@ class Trainer:
                     replica_fn, [flat[i : i + size] for i in range(0, len(flat), size)]
                 )
 
-            return tf.function(run, input_signature=list(spec) * local)
+            return tf.function(run, input_signature=list(spec) * workers.local_replicas)
 
         graph_spec = [self.graph_spec, self.label_spec]
-        self._local = compiled(replica_local, graph_spec)
-        self._accumulate = compiled(replica_accumulate, graph_spec)
-        self._exchange = compiled(replica_exchange, [scalar, scalar, *grad_specs])
-        self._apply = compiled(replica_apply, grad_specs)
+        self._local = compiled(self._replica_local, graph_spec)
+        self._accumulate = compiled(self._replica_accumulate, graph_spec)
+        self._exchange = compiled(self._replica_exchange, [scalar, scalar, *grad_specs])
+        self._apply = compiled(self._replica_apply, grad_specs)
 
         @tf.function(input_signature=graph_spec)
         def eval_step(graphs, labels):
@@ -228,6 +171,64 @@ class Trainer:
             return tf.sigmoid(logits[-1]), per_edge, weights
 
         self._eval_step = eval_step
+
+    def _local_terms(self, graphs, labels):
+        """(loss sum, weight sum, gradients of the loss sum) of one replica's batch."""
+        tc = self.config.train
+        with tf.GradientTape() as tape:
+            logits = self.model(graphs)
+            loss_sum, weight_sum = weighted_bce_terms(
+                logits, labels, tc.true_weight, tc.fake_weight
+            )
+        grads = tape.gradient(loss_sum, self.variables)
+        # Sonnet-style optimizers expect every variable: no gradient means a zero update.
+        grads = [
+            tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+            for g, v in zip(grads, self.variables)
+        ]
+        return loss_sum, weight_sum, grads
+
+    def _replica_local(self, graphs, labels):
+        # The last pass of a step: adds (and clears) what earlier passes accumulated.
+        loss_sum, weight_sum, grads = self._local_terms(graphs, labels)
+        if self.accumulators:
+            acc = [a.read_value() for a in self.accumulators]
+            for a in self.accumulators:
+                a.assign(tf.zeros_like(a))
+            grads = [g + a for g, a in zip(grads, acc[:-2])]
+            loss_sum, weight_sum = loss_sum + acc[-2], weight_sum + acc[-1]
+        return [loss_sum, weight_sum, *grads]
+
+    def _replica_accumulate(self, graphs, labels):
+        loss_sum, weight_sum, grads = self._local_terms(graphs, labels)
+        for a, value in zip(self.accumulators, grads + [loss_sum, weight_sum]):
+            a.assign_add(value)
+        return loss_sum
+
+    def _replica_exchange(self, loss_sum, weight_sum, *grads):
+        workers = self.workers
+        # Inputs of a compiled function carry no device; collectives of tf.distribute want
+        # their values placed on the replica's device (the identity does that, no copy).
+        loss_sum, weight_sum, *grads = [tf.identity(x) for x in (loss_sum, weight_sum, *grads)]
+        # Exact global mean over edges: sums of (gradient of the loss sum, loss sum, weight)
+        # over all replicas, divided once, so 2 workers x b graphs == 1 worker x 2b graphs.
+        if workers.exact_gradient_exchange:
+            # One collective per step: the scalar sums ride with the gradients.
+            *grads, total_loss, total_weight = workers.reduce_gradients(
+                [*grads, loss_sum, weight_sum]
+            )
+            grads = [g / tf.maximum(total_weight, EPS) for g in grads]
+            return [total_loss / tf.maximum(total_weight, EPS), *grads]
+        # fp16 compression or Adasum: the sums stay exact and uncompressed (a weight sum can
+        # exceed float16's range), the gradients are normalised before the exchange.
+        total_loss, total_weight = workers.reduce_sum([loss_sum, weight_sum])
+        norm = weight_sum if workers.adaptive_reduction else total_weight
+        grads = workers.reduce_gradients([g / tf.maximum(norm, EPS) for g in grads])
+        return [total_loss / tf.maximum(total_weight, EPS), *grads]
+
+    def _replica_apply(self, *grads):
+        lr = self.optimizer.learning_rate()
+        return [self.optimizer.apply(list(grads), self.variables), lr]
 
     def compile(self) -> float:
         """Traces the step's compiled parts now (no op runs), so that no step times a trace;
