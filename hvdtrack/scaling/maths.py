@@ -89,15 +89,19 @@ def step_times(run: Run, field: str = "total_s", include_warmup: bool = False) -
 
 
 def epoch_times(run: Run) -> np.ndarray:
-    """Time of each epoch: the maximum over ranks of the ranks' epoch times.
+    """Time of each whole epoch: the maximum over ranks of the ranks' epoch times (an epoch
+    resumed mid-way, whose record holds fewer than ``steps_per_epoch`` steps, is left out).
 
     Returns:
       float64 [num_epochs], ordered by epoch index.
     """
-    if not run.epochs:
+    # An epoch resumed mid-way ran only part of its steps in its record: not an epoch's time.
+    full = run.info.get("steps_per_epoch")
+    records = [r for r in run.epochs if full is None or r.steps == full]
+    if not records:
         return np.zeros(0)
-    epoch = np.array([r.epoch for r in run.epochs], dtype=np.int64)
-    time_s = np.array([r.time_s for r in run.epochs], dtype=np.float64)
+    epoch = np.array([r.epoch for r in records], dtype=np.int64)
+    time_s = np.array([r.time_s for r in records], dtype=np.float64)
     index, inverse = np.unique(epoch, return_inverse=True)
     slowest = np.full(len(index), -np.inf)
     np.maximum.at(slowest, inverse.ravel(), time_s)

@@ -58,6 +58,15 @@ def _launcher_local_size(environ=os.environ) -> int:
     return 1
 
 
+def _oversubscribed(local_size: int) -> bool:
+    """True when this host's ranks outnumber the cores they may all use. A process the launcher
+    bound to a subset of the cores (srun --cpu-bind, mpirun --bind-to core) got its share."""
+    available = _cpu_threads()
+    if available < (os.cpu_count() or available):
+        return False
+    return local_size > available
+
+
 def _share_cores(local_size: int, environ=os.environ) -> bool:
     """Prepares ranks that outnumber this host's cores; call before MPI starts.
 
@@ -66,7 +75,7 @@ def _share_cores(local_size: int, environ=os.environ) -> bool:
     of their CPU in the kernel and ran an epoch 1.7x slower than with yielding (18.1 s vs
     10.4 s, docs/results.md). An explicit setting wins. Returns True when ranks share cores.
     """
-    if local_size <= _cpu_threads():
+    if not _oversubscribed(local_size):
         return False
     environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     return True
@@ -108,6 +117,11 @@ class Workers:
         """Global worker ids whose batches this process feeds, in local-replica order."""
         first = self.rank * self.local_replicas
         return list(range(first, first + self.local_replicas))
+
+    @property
+    def host_cores(self) -> int:
+        """Cores this process may run on."""
+        return _cpu_threads()
 
     @property
     def is_chief(self) -> bool:
@@ -203,7 +217,7 @@ class HorovodWorkers(Workers):
             tf.config.experimental.set_memory_growth(gpus[self.local_rank], True)
         self.threads = config.threads_per_worker or _threads_per_process(hvd.local_size())
         _set_threads(self.threads)
-        self.shares_cores = self.shares_cores or hvd.local_size() > _cpu_threads()
+        self.shares_cores = self.shares_cores or _oversubscribed(hvd.local_size())
         self._op = hvd.Adasum if config.reduce_op == "adasum" else hvd.Sum
         self._compression = (
             hvd.Compression.fp16 if config.compression == "fp16" else hvd.Compression.none
@@ -299,7 +313,7 @@ class StrategyWorkers(Workers):
             self.name = "multiworker"
             self.local_size = hosts_here
             self.local_rank = self.rank % hosts_here
-            self.shares_cores = hosts_here > _cpu_threads()
+            self.shares_cores = _oversubscribed(hosts_here)
         else:
             self.threads = config.threads_per_worker or _cpu_threads()
             _set_threads(self.threads)

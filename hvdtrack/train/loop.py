@@ -101,6 +101,7 @@ class _Summaries:
             else tf.summary.create_noop_writer()
         )
         self.profile_dir = str(run_dir / "tensorboard")
+        self.profiling = False
 
     def start(self, start_epoch: int) -> None:
         t, tc, workers = self.t, self.tc, self.t.workers
@@ -115,10 +116,16 @@ class _Summaries:
     def profile(self, global_step: int) -> None:
         """Starts or stops the TF profiler at the configured steps (chief only)."""
         if self.tc.profile_steps and self.chief:
-            if global_step == self.tc.profile_steps[0]:
+            if global_step == self.tc.profile_steps[0] and not self.profiling:
                 tf.profiler.experimental.start(self.profile_dir)
+                self.profiling = True
             elif global_step == self.tc.profile_steps[1]:
-                tf.profiler.experimental.stop()
+                self.stop_profiling()
+
+    def stop_profiling(self) -> None:
+        if self.profiling:
+            self.profiling = False
+            tf.profiler.experimental.stop()
 
     def step(self, global_step: int, times: StepTimes, step_edges: int, imbalance: float) -> None:
         if not (self.chief and global_step % self.tc.log_every_steps == 0):
@@ -139,17 +146,15 @@ class _Summaries:
             tf.summary.scalar("time/exchange_s", times.exchange_s)
             tf.summary.scalar("balance/edge_imbalance", imbalance)
 
-    def epoch(
-        self, global_step: int, record: timing.EpochRecord, edges: int, imbalance: float
-    ) -> None:
-        """The chief's own epoch: training time, throughput, validation, and the console line."""
+    def epoch(self, global_step: int, train_s: float, edges: int, plan, val) -> None:
+        """The chief's view of an epoch: training time, throughput, balance, validation."""
         if not self.chief:
             return
         with self.writer.as_default(step=global_step):
-            tf.summary.scalar("time/epoch_s", record.time_s)
-            tf.summary.scalar("throughput/epoch_edges_per_s", edges / record.time_s)
-            tf.summary.scalar("balance/epoch_edge_imbalance", imbalance)
-            for key, value in (record.val or {}).items():
+            tf.summary.scalar("time/epoch_s", train_s)
+            tf.summary.scalar("throughput/epoch_edges_per_s", edges / train_s)
+            tf.summary.scalar("balance/epoch_edge_imbalance", plan.mean_imbalance)
+            for key, value in (val or {}).items():
                 if key != "num_edges":
                     tf.summary.scalar(f"val/{key}", value)
         self.writer.flush()
@@ -173,6 +178,7 @@ class _Summaries:
                 )
 
     def close(self) -> None:
+        self.stop_profiling()
         self.writer.close()
 
 
@@ -181,8 +187,7 @@ class _EpochTally:
     """What one rank did in the steps of one epoch."""
 
     losses: list = dataclasses.field(default_factory=list)
-    graphs: int = 0  # over all workers
-    edges: int = 0
+    edges: int = 0  # over all workers
     my_graphs: int = 0  # this rank's share
     my_edges: int = 0
     stopped: bool = False
@@ -221,10 +226,12 @@ class _Fit:
             return self._info("finished", previous.info.get("metrics") if previous else None)
         self.summaries = _Summaries(self.t, self.run_dir)
         if self.workers.shares_cores:
+            yields = os.environ.get("OMPI_MCA_mpi_yield_when_idle") == "1"
             log.info(
-                f"{self.workers.local_size} ranks share {_cores()} cores on this host: "
-                f"{self.workers.threads} thread(s) each, MPI yields while waiting; expect no "
-                "speed-up from more ranks than cores"
+                f"{self.workers.local_size} ranks share {self.workers.host_cores} cores on this "
+                f"host ({self.workers.threads} thread(s) each"
+                + (", Open MPI yields while waiting" if yields else "")
+                + "): more ranks than cores add no speed"
             )
         if previous is None:
             self.summaries.start(start_epoch)
@@ -277,26 +284,23 @@ class _Fit:
             batches.close()  # ends the epoch's pipelines
         if tally.stopped:
             return True
-        train_s = time.perf_counter() - train_start - clock.parts["checkpoint_s"]
-        self.graphs_done += tally.graphs
-        self.edges_done += tally.edges
+        # Training time: pipeline and steps; step checkpoints and summaries taken out.
+        bookkeeping = clock.parts["checkpoint_s"] + clock.parts["summaries_s"]
+        train_s = time.perf_counter() - train_start - bookkeeping
+        val = None
         if (epoch + 1) % self.tc.validate_every_epochs == 0 or epoch + 1 == self.tc.epochs:
             with clock.part("validation_s"):
-                self.val_metrics = t.evaluate("val")
+                val = self.val_metrics = t.evaluate("val")
         with clock.part("checkpoint_s"):
             self.checkpoints.save(epoch + 1, 0)
-            if self.val_metrics and self.val_metrics["loss"] < self.best_loss:
-                self.best_loss = self.val_metrics["loss"]
+            if val and val["loss"] < self.best_loss:
+                self.best_loss = val["loss"]
                 self.checkpoints.save_best(epoch + 1)
-        plan = t.plan(epoch)
-        record = self._epoch_record(epoch, first, train_s, tally, clock)
         with clock.part("summaries_s"):
-            self.summaries.epoch(self.global_step, record, tally.edges, plan.mean_imbalance)
-            log.info(
-                console.epoch_line(epoch, self.tc.epochs, train_s, tally.losses, self.val_metrics)
-            )
+            self.summaries.epoch(self.global_step, train_s, tally.edges, t.plan(epoch), val)
+            log.info(console.epoch_line(epoch, self.tc.epochs, train_s, tally.losses, val or {}))
         # The record's wall time ends here: what follows belongs to the next interval.
-        self.epochs.append(dataclasses.replace(record, wall_s=clock.wall(), **clock.parts))
+        self.epochs.append(self._epoch_record(epoch, first, train_s, tally, val, clock))
         return False
 
     def _steps(self, epoch: int, first: int, batches, clock: PartClock) -> _EpochTally:
@@ -336,11 +340,9 @@ class _Fit:
             t.step_in_epoch.assign(step + 1)
             with clock.part("checkpoint_s"):
                 every = tc.checkpoint_every_steps
-                if every and self.global_step % every == 0:
+                tally.stopped = self._stop_due() and step + 1 < t.steps_per_epoch
+                if tally.stopped or (every and self.global_step % every == 0):
                     self.checkpoints.save(epoch, step + 1)
-                if self._stop_due() and step + 1 < t.steps_per_epoch:
-                    self.checkpoints.save(epoch, step + 1)
-                    tally.stopped = True
             if tally.stopped:
                 break
         with clock.part("summaries_s"):
@@ -371,22 +373,23 @@ class _Fit:
             )
         )
         tally.losses.append(times.loss)
-        tally.graphs += t.global_batch
         tally.edges += step_edges
+        self.graphs_done += t.global_batch
+        self.edges_done += step_edges
         tally.my_graphs += my_graphs
         tally.my_edges += my_edges
 
-    def _epoch_record(self, epoch, first, train_s, tally, clock) -> timing.EpochRecord:
+    def _epoch_record(self, epoch, first, train_s, tally, val, clock) -> timing.EpochRecord:
         return timing.EpochRecord(
             epoch=epoch,
             rank=self.workers.rank,
             time_s=train_s,
-            wall_s=0.0,  # set when the record is closed
+            wall_s=clock.wall(),
             steps=self.t.steps_per_epoch - first,
             graphs=tally.my_graphs,  # this rank's share; ranks add up
             edges=tally.my_edges,
             train_loss=float(np.mean(tally.losses)) if tally.losses else float("nan"),
-            val=dict(self.val_metrics) if self.val_metrics else None,
+            val=dict(val) if val else None,
             **clock.parts,
         )
 
@@ -406,14 +409,18 @@ class _Fit:
     def _write_records(self, status: str, epoch: Optional[int], energy=None) -> dict[str, Any]:
         """Gathers every rank's new records and has the chief rewrite run.json and timing.jsonl
         (every rank runs the same steps, so every rank reaches these collectives)."""
-        self.prior_steps += self._gather(self.steps, timing.StepRecord)
-        self.prior_epochs += self._gather(self.epochs, timing.EpochRecord)
+        new_steps = self._gather(self.steps, timing.StepRecord)
+        new_epochs = self._gather(self.epochs, timing.EpochRecord)
+        self.prior_steps += new_steps
+        self.prior_epochs += new_epochs
         self.steps, self.epochs = [], []
         info = self._info(status, self.val_metrics, energy)
         if self.chief:
             timing.write_run(self.run_dir, info, self.prior_steps, self.prior_epochs)
-            if epoch is not None:
-                run = timing.Run(self.run_dir, info, self.prior_steps, self.prior_epochs)
+            if epoch is not None:  # this epoch's records only: the cost stays per epoch
+                steps = [r for r in new_steps if r.epoch == epoch]
+                epochs = [r for r in new_epochs if r.epoch == epoch]
+                run = timing.Run(self.run_dir, info, steps, epochs)
                 self.summaries.accounts(self.global_step, run, epoch)
         return info
 
@@ -445,7 +452,7 @@ class _Fit:
             # tracing the step's compiled parts, before the first epoch (seconds, this rank)
             compile_s=self.compile_s,
             # max/mean edges per worker per step, mean over the steps of the first epoch's plan
-            edge_imbalance=self.t.plan(0).mean_imbalance,
+            edge_imbalance=self.t.edge_imbalance,
             **described,
         )
 
@@ -462,9 +469,13 @@ class _Fit:
         if not restored:
             return None
         if previous is not None:
-            self.prior_steps, self.prior_epochs = list(previous.steps), list(previous.epochs)
-            self.graphs_done = int(previous.info.get("graphs_processed", 0))
-            self.edges_done = int(previous.info.get("edges_processed", 0))
+            # Only what the checkpoint holds: steps that ran after it (before a crash) run again.
+            at = (int(self.t.epoch.numpy()), int(self.t.step_in_epoch.numpy()))
+            self.prior_steps = [r for r in previous.steps if (r.epoch, r.step) < at]
+            self.prior_epochs = [r for r in previous.epochs if r.epoch < at[0]]
+            self.graphs_done = sum(r.graphs for r in self.prior_steps)
+            self.edges_done = sum(r.edges for r in self.prior_steps)
+            self.started = previous.info.get("started") or self.started
         return previous
 
     def _finish(self, meter: EnergyMeter, stopped: bool) -> dict[str, Any]:
@@ -476,10 +487,6 @@ class _Fit:
         log.info(f"run directory: {self.run_dir}{note}")
         self.summaries.close()
         return info
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def fit(trainer: Trainer) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 One optimizer step is three compiled functions, so the host can time each part on its own:
 
     local (forward + backward of every pass, graphs -> gradient sums)
-    -> exchange (the step's one collective: gradients and loss sums summed over all replicas)
+    -> exchange (gradients and loss sums summed over all replicas: one collective, two with
+       fp16 compression or Adasum)
     -> apply (Adam update with clipping).
 
 Each is traced once (input signatures with dynamic sizes). ``Trainer.step`` runs them and
@@ -69,7 +70,9 @@ class Trainer:
         self.global_batch = (
             tc.batch_graphs * self.workers.num_replicas * dc.backward_passes_per_step
         )
+        self._plan: EpochPlan | None = None
         first_plan = self.plan(0)
+        self.edge_imbalance = first_plan.mean_imbalance  # max/mean edges per worker per step
         self.steps_per_epoch = first_plan.num_steps // dc.backward_passes_per_step
         if tc.max_steps_per_epoch is not None:
             self.steps_per_epoch = min(self.steps_per_epoch, tc.max_steps_per_epoch)
@@ -128,8 +131,14 @@ class Trainer:
         """The balanced assignment of training graphs to workers and steps for ``epoch``.
 
         Identical on every worker (a function of the seed and the epoch); every worker runs the
-        same number of steps, so no collective waits on a worker that ran out of data.
+        same number of steps, so no collective waits on a worker that ran out of data. The
+        last plan made is kept (the loop asks for the epoch's plan several times).
         """
+        if self._plan is None or self._plan.epoch != epoch:
+            self._plan = self._make_plan(epoch)
+        return self._plan
+
+    def _make_plan(self, epoch: int) -> EpochPlan:
         return pipeline.plan_train_epoch(
             self.manifest,
             self.workers.num_replicas,
@@ -289,7 +298,8 @@ class Trainer:
 
     def trace_count(self) -> int:
         """Traces of the step's compiled parts (1 each once it has run: one graph per part)."""
-        return max(f.experimental_get_tracing_count() for f in (self._local, self._apply))
+        parts = (self._local, self._exchange, self._apply, self._accumulate)
+        return max(f.experimental_get_tracing_count() for f in parts)
 
     # ----------------------------------------------------------------------------- validation
     def evaluate(self, split: str = "val") -> dict[str, float]:
@@ -335,13 +345,20 @@ class Trainer:
                     "Use another train.run_dir, or train.resume=false to start afresh"
                 ) from None
         # Whatever each rank holds now, rank 0's values win (fresh start: the random init).
+        # The position to resume from too: a rank that read another checkpoint (a stale
+        # shared-filesystem cache) would otherwise run other steps and hang the collectives.
         self.workers.broadcast_variables(
-            self.variables + self.optimizer.m + self.optimizer.v + [self.optimizer.step]
+            self.variables
+            + self.optimizer.m
+            + self.optimizer.v
+            + [self.optimizer.step, self.epoch, self.step_in_epoch]
         )
         return latest
 
     def batches(self, epoch: int, first_step: int) -> Iterator[list[tuple[Any, tf.Tensor]]]:
-        """Yields, per step, one (graphs, labels) batch per local replica, in plan order."""
+        """The epoch's pipelines from step ``first_step`` on, built now (so that the time to
+        build them is not the first step's data wait); the iterator yields, per pass, one
+        (graphs, labels) batch per local replica, in plan order."""
         plan = self.plan(epoch)
         passes = self.config.distributed.backward_passes_per_step
         limit = (self.steps_per_epoch - first_step) * passes
@@ -352,7 +369,11 @@ class Trainer:
             .take(limit)
             for worker in self.workers.replica_ids
         ]
-        iterators = [iter(d) for d in datasets]
+        with pipeline.read_errors_as_data_error(self.dataset_dir, self.manifest):
+            iterators = [iter(d) for d in datasets]
+        return self._read(iterators, limit)
+
+    def _read(self, iterators: list, limit: int) -> Iterator[list[tuple[Any, tf.Tensor]]]:
         with pipeline.read_errors_as_data_error(self.dataset_dir, self.manifest):
             for _ in range(limit):
                 yield [next(it) for it in iterators]

@@ -24,10 +24,10 @@ def _accounts(tmp_path, tiny_dataset, slow):
 
 def _every_second_accounted(rows):
     for row in rows.values():
-        parts = sum(row[p] for p in timing.EPOCH_PARTS)
-        assert row["wall_s"] == pytest.approx(parts + row["rest_s"])
-        assert not row["flagged"], row  # rest under 3% of the wall time
-        assert row["time_s"] <= row["wall_s"]
+        assert not row["flagged"], row  # the rest is under 3% of the wall time
+        assert 0 < row["time_s"] <= row["wall_s"]
+        steps = row["data_s"] + row["compute_s"] + row["exchange_s"] + row["pipeline_s"]
+        assert row["time_s"] == pytest.approx(steps, rel=0.03), row
 
 
 @pytest.mark.parametrize("slow", ["data", "compute"])
@@ -40,6 +40,7 @@ def test_slow_rank_is_accounted_where_it_waits(slow, tiny_dataset, tmp_path):
         # The delay lands in the slow rank's own part ...
         assert slow_rank[f"{slow}_s"] - fast_rank[f"{slow}_s"] >= 0.8 * injected, rows
         # ... and the other rank spends it waiting at the gradient exchange.
-        # (at least half of it: while rank 1 sleeps, rank 0 has both cores and runs faster)
+        # (at least half: rank 0 also writes every step's summaries (the tiny config logs each
+        # step) before its next step, which shortens its wait by that much)
         assert fast_rank["wait_s"] - slow_rank["wait_s"] >= 0.5 * injected, rows
         assert fast_rank["exchange_s"] >= fast_rank["wait_s"]
