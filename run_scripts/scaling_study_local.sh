@@ -10,6 +10,7 @@ config="${1:-configs/default.yaml}"
 py="${HVDTRACK_VENV:-$repo/.venv}/bin/python"
 out="${OUT:-runs/scaling-study}"
 docs="docs/scaling"
+mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 common=(train.epochs=4 train.max_steps_per_epoch=20 train.validate_every_epochs=1000
         distributed.threads_per_worker=1 train.progress_bar=false train.resume=false)

@@ -43,8 +43,10 @@ VARYING_KEYS = (
     "train.run_dir",
     "train.batch_graphs",
     "train.progress_bar",
+    "train.progress_interval_s",
     "train.log_every_steps",
     "train.resume",
+    "data.prepare_timeout_s",
     "scaling",
 )
 REPORT_FILES = (

@@ -147,3 +147,18 @@ def test_epoch_time_of_a_one_epoch_run_uses_that_epoch(tmp_path, synthetic_run):
     )
     assert maths.epoch_time(run, warmup_epochs=1) == 12.0
     assert maths.epoch_time_includes_warmup(run, 1)
+
+
+def test_an_epoch_resumed_mid_way_is_not_an_epoch_time():
+    from hvdtrack.train.timing import EPOCH_PARTS, EpochRecord, Run
+
+    def record(epoch, steps, time_s):
+        return EpochRecord(
+            epoch, 0, time_s, time_s, steps, 1, 1, 0.5, None, **dict.fromkeys(EPOCH_PARTS, 0.0)
+        )
+
+    # Epoch 1 was stopped after 6 of 10 steps; the rerun recorded its last 4 steps only.
+    epochs = [record(0, 10, 12.0), record(1, 4, 4.1), record(2, 10, 10.0), record(3, 10, 11.0)]
+    run = Run(path=None, info={"steps_per_epoch": 10}, steps=[], epochs=epochs)
+    np.testing.assert_allclose(maths.epoch_times(run), [12.0, 10.0, 11.0])
+    assert maths.epoch_time(run) == pytest.approx(10.5)
