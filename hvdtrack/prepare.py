@@ -35,6 +35,7 @@ from hvdtrack.errors import DataError
 from hvdtrack.events import synthetic, trackml
 from hvdtrack.graphs.construction import build_hit_graphs
 from hvdtrack.graphs.report import ConstructionReport
+from hvdtrack.records.manifest import MANIFEST_NAME, Manifest
 from hvdtrack.records.shards import DatasetWriter, EncodedGraph, encode_graph, split_events
 from hvdtrack.utils.io import atomic_write, ordinary_permissions, write_json
 
@@ -112,6 +113,7 @@ def prepare_dataset(config: Config, force: bool = False, progress: bool = True) 
             f"[prepare] {target} is up to date (same data config); --force rebuilds it", flush=True
         )
         return report
+    _check_replaceable(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     ordinary_permissions(staging, directory=True)
@@ -193,6 +195,40 @@ def _run(jobs: list[_Job], workers: int):
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
     with context.Pool(workers) as pool:
         yield from pool.imap(_process_event, jobs, chunksize=1)
+
+
+# What prepare writes into a dataset directory besides the manifest's shards.
+_OWN_FILES = {MANIFEST_NAME, PREPARE_INFO, "report.md", "report.json", "events"}
+
+
+def _check_replaceable(target: Path) -> None:
+    """Refuses to replace anything prepare did not write: ``target`` must be absent, empty, or
+    a dataset of hvdtrack's holding nothing but its own files (checked before any work)."""
+    if not target.exists():
+        return
+    what = "another program's files"
+    if target.is_dir():
+        names = {p.name for p in target.iterdir()}
+        if not names:
+            return
+        try:
+            manifest = Manifest.load(target)
+        except DataError:
+            manifest = None
+        if manifest is not None:
+            stray = sorted(names - _OWN_FILES - {s.file for s in manifest.shards})
+            if not stray:
+                return
+            what = f"files hvdtrack did not write ({', '.join(stray[:3])})"
+        else:
+            what = f"no hvdtrack dataset (no valid {MANIFEST_NAME}) but {len(names)} other entries"
+    else:
+        what = "a file, not a directory"
+    raise DataError(
+        f"data.dataset_dir {target} holds {what}: prepare replaces only datasets it wrote, so "
+        "nothing was changed. Point data.dataset_dir at a new or empty directory, or move the "
+        "files away yourself"
+    )
 
 
 def _swap_into_place(staging: Path, target: Path) -> None:
