@@ -17,7 +17,7 @@ common=(train.epochs=4 train.max_steps_per_epoch=20 train.validate_every_epochs=
 
 # Strong scaling (global batch 2 graphs) and Horovod overhead (local run vs horovodrun -np 1).
 "$py" -m hvdtrack.bench distributed --config "$config" --out "$out/strong" --epochs 4 \
-    --global-batch 2 --max-steps 20 --json "$out/distributed-bench.json" | tee "$out.bench.txt"
+    --global-batch 2 --max-steps 20 --json "$out/distributed-bench.json" | tee "$out/bench.txt"
 # Weak scaling: 1 graph per worker per step.
 "$py" -m hvdtrack.scaling run --mode weak --np 1,2 --config "$config" --batch 1 \
     --out "$out/weak" --skip-prepare "${common[@]}"
@@ -29,5 +29,5 @@ mkdir -p "$docs"
 "$py" -m hvdtrack.scaling predict "$out"/strong/sweep/strong-np1 "$out"/strong/sweep/strong-np2 \
     --mode strong | tee "$docs/prediction-strong.txt"
 cp "$out/distributed-bench.json" "$docs/distributed-bench.json"
-cp "$out.bench.txt" "$docs/distributed-bench.txt"
+cp "$out/bench.txt" "$docs/distributed-bench.txt"
 echo "[study] reports in $docs"

@@ -43,6 +43,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--max-steps", type=int, default=None, help="cap on steps per epoch")
     parser.add_argument("--controller", choices=("gloo", "mpi"), default="gloo")
     parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train nothing: compute the figures from the run directories already in --out",
+    )
     args = parser.parse_args(argv)
 
     out = Path(args.out)
@@ -55,17 +60,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.max_steps:
         common.append(f"train.max_steps_per_epoch={args.max_steps}")
 
-    subprocess.run(
-        [sys.executable, "-m", "hvdtrack.prepare", "--config", args.config, "--no-progress"],
-        check=True,
-    )
-
     def train(run_dir: Path, *overrides: str) -> Path:
         command = [sys.executable, "-m", "hvdtrack.train", "--config", args.config, *common]
         command += [*overrides, f"train.run_dir={run_dir}", "train.resume=false"]
-        subprocess.run(command, check=True)
+        if not args.report_only:
+            subprocess.run(command, check=True)
         return run_dir
 
+    if not args.report_only:
+        subprocess.run(
+            [sys.executable, "-m", "hvdtrack.prepare", "--config", args.config, "--no-progress"],
+            check=True,
+        )
     g = args.global_batch
     dirs = {
         "local": train(out / "local", "distributed.strategy=local", f"train.batch_graphs={g}"),
@@ -88,8 +94,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         controller=args.controller,
         overrides=[*common, "train.resume=false"],
     )
-    run_sweep(plan, skip_prepare=True)
-
+    if not args.report_only:
+        run_sweep(plan, skip_prepare=True)
     dirs.update({f"np{n}": plan.run_dir(n) for n in plan.nps})
     runs = {name: read_run(path) for name, path in sorted(dirs.items())}
     epoch = {name: maths.epoch_time(run) for name, run in runs.items()}
@@ -110,17 +116,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lines = [
         f"\nSame global work ({args.global_batch} graphs/step), one thread per worker, "
         f"{args.epochs} epochs (first excluded):",
-        f"  {'run':<10}{'epoch s':>10}{'median step s':>16}",
-        *(f"  {name:<10}{epoch[name]:>10.2f}{step[name]:>16.4f}" for name in runs),
+        f"  {'run':<10}{'epoch s':>10}{'step sum s':>12}{'median step s':>16}",
+        *(
+            f"  {name:<10}{epoch[name]:>10.2f}{maths.epoch_step_time(runs[name]):>12.2f}"
+            f"{step[name]:>16.4f}"
+            for name in runs
+        ),
     ]
+    sums = {name: maths.epoch_step_time(run) for name, run in runs.items()}
+    figures["epoch_step_sum_s"] = sums
     for strategy, one, two in (("horovod", "np1", "np2"), ("mirrored", "mirrored1", "mirrored2")):
         on_epochs = maths.strong_efficiency(epoch[one], epoch[two], 2)
-        on_steps = maths.strong_efficiency(step[one], step[two], 2)
+        on_sums = maths.strong_efficiency(sums[one], sums[two], 2)
+        on_medians = maths.strong_efficiency(step[one], step[two], 2)
         figures[f"{strategy}_strong_efficiency_epoch"] = on_epochs
-        figures[f"{strategy}_strong_efficiency_step"] = on_steps
+        figures[f"{strategy}_strong_efficiency_step_sum"] = on_sums
+        figures[f"{strategy}_strong_efficiency_median_step"] = on_medians
         lines.append(
-            f"  {strategy} strong-scaling efficiency t1/(2*t2): {on_epochs:.3f} on epochs "
-            f"({on_steps:.3f} on steps, {100 * (on_steps / on_epochs - 1):+.1f}%)"
+            f"  {strategy} strong-scaling efficiency t1/(2*t2): {on_epochs:.3f} on epochs, "
+            f"{on_sums:.3f} on the epochs' step sums ({100 * (on_sums / on_epochs - 1):+.1f}%), "
+            f"{on_medians:.3f} on median steps ({100 * (on_medians / on_epochs - 1):+.1f}%)"
         )
     lines.append(
         f"  Horovod overhead on one rank: {100 * figures['horovod_overhead_epoch']:+.1f}% on "

@@ -12,7 +12,8 @@ Definitions (t1: time on 1 worker, tN: time on N workers):
 - cost per epoch = devices * epoch hours * price per device-hour; energy per epoch = mean
   power of the run's devices * epoch seconds.
 
-Public symbols: ``step_statistics``, ``step_times``, ``epoch_times``, ``epoch_time``,
+Public symbols: ``step_statistics``, ``step_times``, ``step_sums``, ``epoch_step_time``,
+``epoch_times``, ``epoch_time``,
 ``epoch_time_includes_warmup``, ``epoch_work``, ``speedup``, ``strong_efficiency``,
 ``weak_efficiency``, ``throughput``, ``throughput_per_worker``, ``cost_per_epoch``,
 ``energy_per_epoch``.
@@ -86,6 +87,34 @@ def step_times(run: Run, field: str = "total_s", include_warmup: bool = False) -
     any_warm = np.zeros(len(keys), dtype=bool)
     np.logical_or.at(any_warm, inverse, warm)
     return slowest[include_warmup | ~any_warm]
+
+
+def step_sums(run: Run) -> dict[int, float]:
+    """Per epoch: the sum over its steps of the slowest rank's step time (warm-up included).
+
+    An epoch whose time is fully accounted for lasts this long plus its pipeline's start and
+    end; ``epoch_step_time`` is the epoch time measured this way.
+    """
+    slowest: dict[tuple[int, int], float] = {}
+    for r in run.steps:
+        key = (r.epoch, r.step)
+        slowest[key] = max(slowest.get(key, 0.0), r.total_s)
+    sums: dict[int, float] = {}
+    for (epoch, _), seconds in slowest.items():
+        sums[epoch] = sums.get(epoch, 0.0) + seconds
+    return sums
+
+
+def epoch_step_time(run: Run, warmup_epochs: int = 1) -> float:
+    """``step_sums`` over the epochs ``epoch_time`` uses, median: the epoch time as the steps
+    tell it (to compare with ``epoch_time``: the gap is what lies outside the steps)."""
+    full = run.info.get("steps_per_epoch")
+    epochs = sorted({r.epoch for r in run.epochs if full is None or r.steps == full})
+    if not epochs:
+        raise DataError(f"{run.path}: no whole epoch in timing.jsonl")
+    kept = epochs[warmup_epochs:] if len(epochs) > warmup_epochs else epochs
+    sums = step_sums(run)
+    return float(np.median([sums.get(e, 0.0) for e in kept]))
 
 
 def epoch_times(run: Run) -> np.ndarray:

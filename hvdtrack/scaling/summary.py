@@ -56,13 +56,11 @@ def summarize(run: Run) -> dict[str, Any]:
         for e in rank0
     ]
     accounts = timing.epoch_accounts(run)
-    step_sums = _step_sums(run)
-    timed = [e["epoch"] for e in epoch_rows][warmup_epochs:] or [e["epoch"] for e in epoch_rows]
     return {
         "accounts": accounts,
         "flagged_epochs": sum(1 for row in accounts if row["flagged"]),
         "rest_limit": timing.REST_LIMIT,
-        "step_sum_s": float(np.median([step_sums[e - 1] for e in timed])) if timed else None,
+        "step_sum_s": maths.epoch_step_time(run, warmup_epochs),
         "run_dir": str(run.path),
         "config_name": info.get("config_name"),
         "status": info.get("status"),
@@ -217,15 +215,3 @@ def _accounts_lines(summary: dict[str, Any]) -> list[str]:
             + f" | {row['rest_fraction']:.1%}{mark} |"
         )
     return lines
-
-
-def _step_sums(run: Run) -> dict[int, float]:
-    """Per epoch: the sum over its steps of the slowest rank's step time (warm-up included)."""
-    slowest: dict[tuple[int, int], float] = {}
-    for r in run.steps:
-        key = (r.epoch, r.step)
-        slowest[key] = max(slowest.get(key, 0.0), r.total_s)
-    sums: dict[int, float] = {}
-    for (epoch, _), seconds in slowest.items():
-        sums[epoch] = sums.get(epoch, 0.0) + seconds
-    return sums
