@@ -31,6 +31,18 @@ def horovodrun(
     np: int, args: list[str], controller: str = "gloo", timeout: float = 300, **env: str
 ):
     """Runs ``horovodrun -np N --gloo|--mpi python ARGS``; returns the CompletedProcess."""
+    return subprocess.run(
+        launch_command(np, args, controller),
+        cwd=REPO,
+        env=worker_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def launch_command(np: int, args: list[str], controller: str = "gloo") -> list[str]:
+    """``horovodrun -np N --gloo|--mpi python ARGS`` (or plain mpirun) as an argument list."""
     if controller == "mpirun":
         cmd = [
             shutil.which("mpirun") or "mpirun",
@@ -43,10 +55,7 @@ def horovodrun(
         cmd += ["-x", "PYTHONPATH", "-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL"]
     else:
         cmd = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", f"--{controller}"]
-    cmd += [sys.executable, *args]
-    return subprocess.run(
-        cmd, cwd=REPO, env=worker_env(**env), capture_output=True, text=True, timeout=timeout
-    )
+    return [*cmd, sys.executable, *args]
 
 
 def check(result: subprocess.CompletedProcess) -> str:

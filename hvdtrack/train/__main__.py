@@ -82,9 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Before anything initialises Horovod / MPI / tf.distribute (train() does).
     ensure_dataset(config)
-    from hvdtrack.train.loop import train
+    from hvdtrack.train.loop import PREEMPTED_EXIT_CODE, train
 
     info = train(config)
+    if info.get("stopped_by") == "signal":
+        return PREEMPTED_EXIT_CODE  # checkpointed on SIGTERM/SIGUSR1: rerun to resume
     return 0 if info.get("status") == "finished" else 1
 
 

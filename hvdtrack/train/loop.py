@@ -21,6 +21,8 @@ import json
 import logging
 import math
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -35,6 +37,32 @@ from hvdtrack.train import console, rundir, timing
 from hvdtrack.train.trainer import StepTimes, Trainer
 
 log = logging.getLogger(console.LOGGER_NAME)
+# SIGTERM (a scheduler's preemption or time limit) and SIGUSR1 (sbatch --signal) ask a run to
+# stop: every rank checkpoints after the same step and the process exits with this code
+# (sysexits' EX_TEMPFAIL: try again later). Running the same command again resumes exactly.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+PREEMPTED_EXIT_CODE = 75
+
+
+class _StopSignals:
+    """Turns ``STOP_SIGNALS`` into a flag the loop reads at each step (main thread only)."""
+
+    def __init__(self):
+        self.received: Optional[str] = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.received = signal.Signals(signum).name
+
+    def __exit__(self, *exc) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
 
 
 class PartClock:
@@ -212,6 +240,8 @@ class _Fit:
         self.started = time.strftime("%Y-%m-%dT%H:%M:%S")
         self.stop_at: Optional[int] = None
         self.compile_s: Optional[float] = None
+        self.signals = _StopSignals()
+        self.preempted = False  # a rank got a stop signal: all stop after the same step
         console.setup_logging(self.workers.rank, self.chief)
 
     # -- the loop -----------------------------------------------------------------------
@@ -249,18 +279,19 @@ class _Fit:
         stopped = False
         self.compile_s = self.t.compile()
         try:
-            clock = PartClock()
-            for epoch in range(start_epoch, self.tc.epochs):
-                first = start_step if epoch == start_epoch else 0
-                stopped = self._epoch(epoch, first, clock)
-                if stopped:
-                    break
-                clock = PartClock()  # the next epoch's interval starts here
-                with clock.part("records_s"):
-                    self._write_records("running", epoch)
-                if self._stop_due() and epoch + 1 < self.tc.epochs:
-                    stopped = True
-                    break
+            with self.signals:
+                clock = PartClock()
+                for epoch in range(start_epoch, self.tc.epochs):
+                    first = start_step if epoch == start_epoch else 0
+                    stopped = self._epoch(epoch, first, clock)
+                    if stopped:
+                        break
+                    clock = PartClock()  # the next epoch's interval starts here
+                    with clock.part("records_s"):
+                        self._write_records("running", epoch)
+                    if self._stop_due() and epoch + 1 < self.tc.epochs:
+                        stopped = True
+                        break
         except BaseException:
             # No collective here: another rank may already be gone. Rank 0 keeps its own records.
             if self.chief:
@@ -319,7 +350,8 @@ class _Fit:
         for step in range(first, t.steps_per_epoch):
             with clock.part("summaries_s"):
                 self.summaries.profile(self.global_step)
-            times = t.step(batches)
+            times = t.step(batches, stop=self.signals.received is not None)
+            self.preempted = self.preempted or times.stop
             for part in ("data_s", "compute_s", "exchange_s"):
                 clock.add(part, getattr(times, part))
             if not math.isfinite(times.loss):
@@ -350,7 +382,7 @@ class _Fit:
         return tally
 
     def _stop_due(self) -> bool:
-        return self.stop_at is not None and self.global_step >= self.stop_at
+        return self.preempted or (self.stop_at is not None and self.global_step >= self.stop_at)
 
     # -- records ------------------------------------------------------------------------
     def _step_record(self, epoch, step, first, times, plan, rows, tally, step_edges) -> None:
@@ -453,6 +485,7 @@ class _Fit:
             compile_s=self.compile_s,
             # max/mean edges per worker per step, mean over the steps of the first epoch's plan
             edge_imbalance=self.t.edge_imbalance,
+            stopped_by="signal" if self.preempted and status == "stopped" else None,
             **described,
         )
 
@@ -484,6 +517,13 @@ class _Fit:
         energy["joules"] = float(self.workers.allreduce_host(np.array([reading.joules]))[0])
         info = self._write_records("stopped" if stopped else "finished", None, energy)
         note = " (stopped: run the same command again to resume)" if stopped else ""
+        if self.preempted and stopped:
+            got = f"{self.signals.received} here" if self.signals.received else "on another rank"
+            note = (
+                f" (stopped by a signal ({got}) after global step {self.global_step}, "
+                f"checkpoint saved: run the same command again to resume; exit code "
+                f"{PREEMPTED_EXIT_CODE})"
+            )
         log.info(f"run directory: {self.run_dir}{note}")
         self.summaries.close()
         return info

@@ -1,0 +1,93 @@
+"""SIGTERM to one rank of a running ``horovodrun -np 2`` job: every rank checkpoints after the
+same step and exits with the documented code, and the rerun ends with the weights of a run that
+was never interrupted."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvdtrack.train.loop import PREEMPTED_EXIT_CODE
+from tests.launch import REPO, check, horovodrun, launch_command, worker_env
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+
+def train_args(dataset, run_dir):
+    return [
+        "-m",
+        "hvdtrack.train",
+        "--config",
+        str(REPO / "configs/tiny.yaml"),
+        f"data.dataset_dir={dataset}",
+        f"train.run_dir={run_dir}",
+        "distributed.strategy=horovod",
+        "train.epochs=40",
+        "train.batch_graphs=1",
+        "train.progress_bar=false",
+    ]
+
+
+def rank_pid(run_dir, rank, deadline):
+    """The pid of the training process of ``rank`` (from /proc), once it has started."""
+    while time.monotonic() < deadline:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+                environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if (
+                f"train.run_dir={run_dir}".encode() in cmdline
+                and b"horovodrun" not in b" ".join(cmdline)
+                and f"HOROVOD_RANK={rank}".encode() in environ
+            ):
+                return int(pid)
+        time.sleep(0.2)
+    raise AssertionError(f"no rank {rank} process for {run_dir}")
+
+
+def weights(run_dir):
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(run_dir / "checkpoints")))
+    names = sorted(n for n in reader.get_variable_to_shape_map() if n.startswith("model/"))
+    assert names
+    return {n: reader.get_tensor(n) for n in names}
+
+
+def test_sigterm_checkpoints_every_rank_and_the_rerun_resumes_exactly(tiny_dataset, tmp_path):
+    run_dir = tmp_path / "preempted"
+    job = subprocess.Popen(
+        launch_command(2, train_args(tiny_dataset, run_dir)),
+        cwd=REPO,
+        env=worker_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (run_dir / "timing.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # the first epoch's records: training is under way
+    os.kill(rank_pid(run_dir, 1, deadline), signal.SIGTERM)
+    output, _ = job.communicate(timeout=120)
+    assert job.returncode != 0, output
+    assert f"Process 1 exit with status code {PREEMPTED_EXIT_CODE}" in output, output
+    assert f"Process 0 exit with status code {PREEMPTED_EXIT_CODE}" in output, output
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "stopped" and info["stopped_by"] == "signal"
+    assert "stopped by a signal (on another rank)" in output  # rank 0 learnt it at the exchange
+
+    check(horovodrun(2, train_args(tiny_dataset, run_dir)))  # the same command resumes
+    straight = tmp_path / "straight"
+    check(horovodrun(2, train_args(tiny_dataset, straight)))
+    resumed, expected = weights(run_dir), weights(straight)
+    assert resumed.keys() == expected.keys()
+    for name in expected:
+        np.testing.assert_allclose(resumed[name], expected[name], rtol=1e-6, atol=1e-7)
+    records = [json.loads(line) for line in open(run_dir / "timing.jsonl")][1:]
+    steps = [(r["epoch"], r["step"], r["rank"]) for r in records if r["kind"] == "step"]
+    assert len(steps) == len(set(steps)) == 40 * 4 * 2  # every step of both ranks, once
