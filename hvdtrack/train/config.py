@@ -19,6 +19,10 @@ class TrainConfig:
     (status "stopped"), e.g. to fit a batch job's time limit; running the same command again
     resumes exactly where it stopped.
 
+    Checkpoints are saved at every epoch end, every ``checkpoint_every_steps`` steps, and
+    ``checkpoint_every_minutes`` after the last save (the chief's clock; every rank saves at
+    the same step), so that a killed or preempted job loses at most that much work.
+
     ``progress_bar``: the chief shows progress; on a terminal as a bar, otherwise (SLURM,
     horovodrun, CI logs) as one plain line every ``progress_interval_s`` seconds.
     """
@@ -42,6 +46,7 @@ class TrainConfig:
     thresholds: tuple[float, ...] = (0.5,)
     seed: int = 1
     checkpoint_every_steps: Optional[int] = None
+    checkpoint_every_minutes: Optional[float] = 10.0
     stop_after_steps: Optional[int] = None
     keep_checkpoints: int = 3
     resume: bool = True
@@ -99,6 +104,11 @@ class TrainConfig:
             "stop_after_steps",
             "must be >= 1 or null",
         )
+        check(
+            self.checkpoint_every_minutes is None or self.checkpoint_every_minutes > 0,
+            "checkpoint_every_minutes",
+            "must be > 0 or null",
+        )
         check(self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1")
         check(self.validate_every_epochs >= 1, "validate_every_epochs", "must be >= 1")
         check(self.log_every_steps >= 1, "log_every_steps", "must be >= 1")
@@ -126,6 +136,12 @@ class DistributedConfig:
     nodes where ranks fill every core, a longer cycle leaves more CPU to compute (here, 2 ranks
     on 2 cores: 20 ms made a 1-graph step 0.59 s instead of 0.72 s); each collective may then wait
     up to one cycle, so keep it short on GPUs.
+
+    ``deadline_s``: under Horovod, a collective that some rank has not joined for this long
+    ends the job (Horovod's stall shutdown, reported by rank 0 with the missing ranks), so a
+    rank that hangs (stopped, deadlocked, on a dead node) cannot stall the others for ever.
+    Legitimate waits (a rank writing a checkpoint, tracing with ranks sharing cores) must
+    stay shorter. null waits for ever.
     """
 
     strategy: Literal["local", "horovod", "mirrored", "multiworker"] = "local"
@@ -135,6 +151,7 @@ class DistributedConfig:
     threads_per_worker: Optional[int] = None
     num_cpu_devices: int = 2
     horovod_cycle_time_ms: Optional[float] = None
+    deadline_s: Optional[float] = 120.0
 
     def __post_init__(self):
         check(self.backward_passes_per_step >= 1, "backward_passes_per_step", "must be >= 1")
@@ -144,6 +161,11 @@ class DistributedConfig:
             "must be >= 1 or null",
         )
         check(self.num_cpu_devices >= 1, "num_cpu_devices", "must be >= 1")
+        check(
+            self.deadline_s is None or self.deadline_s >= 10,
+            "deadline_s",
+            "must be >= 10 seconds or null (wait for ever)",
+        )
         check(
             self.horovod_cycle_time_ms is None or self.horovod_cycle_time_ms > 0,
             "horovod_cycle_time_ms",

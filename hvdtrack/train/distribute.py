@@ -200,6 +200,10 @@ class HorovodWorkers(Workers):
             # Read by Horovod's background thread at hvd.init(); the config is the one source.
             os.environ["HOROVOD_CYCLE_TIME"] = f"{config.horovod_cycle_time_ms:g}"
         self.shares_cores = _share_cores(_launcher_local_size())
+        if config.deadline_s is not None:
+            # Read at hvd.init(): warn at half the deadline, shut down at the deadline.
+            os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", f"{config.deadline_s / 2:g}")
+            os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", f"{config.deadline_s:g}")
         hvd.init()
         self.rank = hvd.rank()
         self.num_processes = hvd.size()

@@ -101,9 +101,16 @@ class _Checkpoints:
         self.best = tf.train.CheckpointManager(
             trainer.checkpoint, str(run_dir / "best"), max_to_keep=1
         )
+        self.saved_at = time.monotonic()
+
+    def due(self) -> bool:
+        """True when ``train.checkpoint_every_minutes`` have passed since the last save."""
+        minutes = self.trainer.config.train.checkpoint_every_minutes
+        return minutes is not None and time.monotonic() - self.saved_at >= 60 * minutes
 
     def save(self, epoch: int, step: int) -> None:
         """Saves the state to resume at (epoch, step); every rank returns after the chief wrote."""
+        self.saved_at = time.monotonic()
         t = self.trainer
         t.epoch.assign(epoch)
         t.step_in_epoch.assign(step)
@@ -350,13 +357,19 @@ class _Fit:
         for step in range(first, t.steps_per_epoch):
             with clock.part("summaries_s"):
                 self.summaries.profile(self.global_step)
-            times = t.step(batches, stop=self.signals.received is not None)
+            last = step + 1 == t.steps_per_epoch  # the epoch's end saves anyway
+            times = t.step(
+                batches,
+                stop=self.signals.received is not None,
+                checkpoint=self.chief and not last and self.checkpoints.due(),
+            )
             self.preempted = self.preempted or times.stop
             for part in ("data_s", "compute_s", "exchange_s"):
                 clock.add(part, getattr(times, part))
-            if not math.isfinite(times.loss):
+            if not (math.isfinite(times.loss) and math.isfinite(times.grad_norm)):
                 raise TrainingError(
-                    f"the training loss is {times.loss} at epoch {epoch} step {step} (global step "
+                    f"the training loss is {times.loss} and the gradient norm {times.grad_norm} "
+                    f"at epoch {epoch} step {step} (global step "
                     f"{self.global_step}); stopped without saving. Last good checkpoint: "
                     f"{self.checkpoints.latest.latest_checkpoint or 'none'}. Lower "
                     "train.learning_rate or set train.grad_clip_norm"
@@ -372,8 +385,8 @@ class _Fit:
             t.step_in_epoch.assign(step + 1)
             with clock.part("checkpoint_s"):
                 every = tc.checkpoint_every_steps
-                tally.stopped = self._stop_due() and step + 1 < t.steps_per_epoch
-                if tally.stopped or (every and self.global_step % every == 0):
+                tally.stopped = self._stop_due() and not last
+                if tally.stopped or times.checkpoint or (every and self.global_step % every == 0):
                     self.checkpoints.save(epoch, step + 1)
             if tally.stopped:
                 break
@@ -535,9 +548,23 @@ def fit(trainer: Trainer) -> dict[str, Any]:
 
 
 def train(config: Config) -> dict[str, Any]:
-    """Trains one run as configured; returns the run info written to ``run.json``."""
+    """Trains one run as configured; returns the run info written to ``run.json``.
+
+    Raises:
+      TrainingError: also when Horovod shut down because a rank stopped answering
+        (``distributed.deadline_s``) or failed: the message says so instead of TensorFlow's.
+    """
     trainer = Trainer(config)
     try:
         return fit(trainer)
+    except tf.errors.OpError as err:
+        if "Horovod has been shut down" not in str(err):
+            raise
+        raise TrainingError(
+            f"rank {trainer.workers.rank}: Horovod shut down while this rank waited at a "
+            "collective: another rank failed, or did not join it for distributed.deadline_s "
+            f"({config.distributed.deadline_s} s). See the other ranks' output; rerun the same "
+            "command to resume from the last checkpoint"
+        ) from None
     finally:
         trainer.workers.shutdown()

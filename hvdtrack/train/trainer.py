@@ -36,6 +36,8 @@ from hvdtrack.train.distribute import Workers, make_workers
 from hvdtrack.train.optimizer import Adam, Schedule, scaled_learning_rate
 
 EPS = 1e-12
+# What a rank can ask of all ranks through a step's exchange (a vector of flags, summed).
+REQUESTS = ("stop", "checkpoint")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +48,7 @@ class StepTimes:
     grad_norm: float
     learning_rate: float
     stop: bool  # some rank asked to stop (a signal): every rank stops after this step
+    checkpoint: bool  # some rank asked for a checkpoint (its clock): every rank saves now
     data_s: float
     compute_s: float
     exchange_s: float
@@ -169,7 +172,8 @@ class Trainer:
         graph_spec = [self.graph_spec, self.label_spec]
         self._local = compiled(self._replica_local, graph_spec)
         self._accumulate = compiled(self._replica_accumulate, graph_spec)
-        self._exchange = compiled(self._replica_exchange, [scalar, scalar, scalar, *grad_specs])
+        flags = tf.TensorSpec([len(REQUESTS)], tf.float32)
+        self._exchange = compiled(self._replica_exchange, [scalar, scalar, flags, *grad_specs])
         self._apply = compiled(self._replica_apply, grad_specs)
 
         @tf.function(input_signature=graph_spec)
@@ -215,30 +219,30 @@ class Trainer:
             a.assign_add(value)
         return loss_sum
 
-    def _replica_exchange(self, loss_sum, weight_sum, stop, *grads):
+    def _replica_exchange(self, loss_sum, weight_sum, requests, *grads):
         workers = self.workers
         # Inputs of a compiled function carry no device; collectives of tf.distribute want
         # their values placed on the replica's device (the identity does that, no copy).
-        loss_sum, weight_sum, stop, *grads = [
-            tf.identity(x) for x in (loss_sum, weight_sum, stop, *grads)
+        loss_sum, weight_sum, requests, *grads = [
+            tf.identity(x) for x in (loss_sum, weight_sum, requests, *grads)
         ]
         # Exact global mean over edges: sums of (gradient of the loss sum, loss sum, weight)
         # over all replicas, divided once, so 2 workers x b graphs == 1 worker x 2b graphs.
-        # ``stop`` (1.0 where a signal asked to stop) is summed too: every rank learns at the
-        # same step that one of them must stop, at no extra collective.
+        # ``requests`` (1.0 where this rank asks for one of ``REQUESTS``) are summed too: every
+        # rank learns at the same step that one of them asked, at no extra collective.
         if workers.exact_gradient_exchange:
             # One collective per step: the scalar sums ride with the gradients.
-            *grads, total_loss, total_weight, stops = workers.reduce_gradients(
-                [*grads, loss_sum, weight_sum, stop]
+            *grads, total_loss, total_weight, asked = workers.reduce_gradients(
+                [*grads, loss_sum, weight_sum, requests]
             )
             grads = [g / tf.maximum(total_weight, EPS) for g in grads]
-            return [total_loss / tf.maximum(total_weight, EPS), stops, *grads]
+            return [total_loss / tf.maximum(total_weight, EPS), asked, *grads]
         # fp16 compression or Adasum: the sums stay exact and uncompressed (a weight sum can
         # exceed float16's range), the gradients are normalised before the exchange.
-        total_loss, total_weight, stops = workers.reduce_sum([loss_sum, weight_sum, stop])
+        total_loss, total_weight, asked = workers.reduce_sum([loss_sum, weight_sum, requests])
         norm = weight_sum if workers.adaptive_reduction else total_weight
         grads = workers.reduce_gradients([g / tf.maximum(norm, EPS) for g in grads])
-        return [total_loss / tf.maximum(total_weight, EPS), stops, *grads]
+        return [total_loss / tf.maximum(total_weight, EPS), asked, *grads]
 
     def _replica_apply(self, *grads):
         lr = self.optimizer.learning_rate()
@@ -255,11 +259,17 @@ class Trainer:
             part.get_concrete_function()
         return time.perf_counter() - start
 
-    def step(self, batches: Iterator[list[tuple[Any, tf.Tensor]]], stop: bool = False) -> StepTimes:
+    def step(
+        self,
+        batches: Iterator[list[tuple[Any, tf.Tensor]]],
+        stop: bool = False,
+        checkpoint: bool = False,
+    ) -> StepTimes:
         """Runs one optimizer step on the next batches of ``batches`` (one per pass), timed.
 
-        ``stop``: this process was asked to stop; the step's exchange tells every rank
-        (``StepTimes.stop``), so that all stop after the same step.
+        ``stop`` / ``checkpoint``: this process asks every rank to stop / to save after this
+        step; the step's exchange tells every rank (``StepTimes.stop``, ``.checkpoint``), so
+        that all act after the same step.
 
         Each part ends with a host read of a scalar it produced, so its time is its own (on
         CPU a compiled call returns when done; on GPU the read waits for the device).
@@ -278,11 +288,11 @@ class Trainer:
                 float(terms[0][0])
             done = time.perf_counter()
             compute_s += done - fed
-        flag = tf.constant(1.0 if stop else 0.0)
+        flags = tf.constant([float(stop), float(checkpoint)])
         reduced = self._exchange(
-            *[x for replica in terms for x in (replica[0], replica[1], flag, *replica[2:])]
+            *[x for replica in terms for x in (replica[0], replica[1], flags, *replica[2:])]
         )
-        loss, stops = float(reduced[0][0]), float(reduced[0][1])
+        loss, asked = float(reduced[0][0]), reduced[0][1].numpy()
         exchanged = time.perf_counter()
         norm, lr = self._apply(*[x for replica in reduced for x in replica[2:]])[0]
         norm, lr = float(norm), float(lr)
@@ -291,7 +301,8 @@ class Trainer:
             loss=loss,
             grad_norm=norm,
             learning_rate=lr,
-            stop=stops > 0,
+            stop=bool(asked[0] > 0),
+            checkpoint=bool(asked[1] > 0),
             data_s=data_s,
             compute_s=compute_s + (end - exchanged),
             exchange_s=exchanged - done,
@@ -305,9 +316,9 @@ class Trainer:
         equivalence tests; the training step runs exactly the same local and exchange parts.
         """
         terms = self._local(*[t for pair in batches for t in pair])
-        flag = tf.constant(0.0)
+        flags = tf.zeros([len(REQUESTS)])
         reduced = self._exchange(
-            *[x for replica in terms for x in (replica[0], replica[1], flag, *replica[2:])]
+            *[x for replica in terms for x in (replica[0], replica[1], flags, *replica[2:])]
         )[0]
         return float(reduced[0]), [g.numpy() for g in reduced[2:]]
 

@@ -76,11 +76,28 @@ def test_non_finite_loss_names_the_step_and_keeps_the_last_checkpoint(tiny_confi
     )
     with pytest.raises(
         TrainingError,
-        match=r"loss is (nan|inf) at epoch \d+ step \d+ \(global step \d+\).*Last good checkpoint",
+        match=r"loss is \S+ and the gradient norm \S+ at epoch \d+ step \d+ \(global step \d+\)"
+        r".*Last good checkpoint",
     ):
         fit(trainer)
     info = json.loads(open(tiny_config().train.run_dir + "/run.json").read())
     assert info["status"] == "failed"
+
+
+def test_time_based_checkpoints_land_on_step_boundaries(tiny_config):
+    # A save is due after every step (0.6 ms): steps 1-3 of each 4-step epoch by the clock, the
+    # epoch's last step by the epoch end; checkpoint number = epoch * 4 + step.
+    config = tiny_config(
+        "train.epochs=2", "train.checkpoint_every_minutes=0.00001", "train.keep_checkpoints=50"
+    )
+    fit(Trainer(config))
+    saved = sorted(
+        int(p.name.split("-")[1].split(".")[0])
+        for p in (__import__("pathlib").Path(config.train.run_dir) / "checkpoints").glob(
+            "ckpt-*.index"
+        )
+    )
+    assert saved == list(range(1, 9))
 
 
 def test_too_few_graphs_for_one_step(tiny_config):
