@@ -46,6 +46,7 @@ VARYING_KEYS = (
     "train.progress_interval_s",
     "train.log_every_steps",
     "train.resume",
+    "train.allow_changed_config",
     "data.prepare_timeout_s",
     "scaling",
 )

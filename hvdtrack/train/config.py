@@ -17,7 +17,10 @@ class TrainConfig:
 
     ``stop_after_steps`` ends this invocation after that many optimizer steps with a checkpoint
     (status "stopped"), e.g. to fit a batch job's time limit; running the same command again
-    resumes exactly where it stopped.
+    resumes exactly where it stopped. A resume is refused before anything is written when the
+    run was trained with other settings (model, optimiser, data, batch...; the key is named),
+    on another dataset, or with another worker count inside an epoch;
+    ``allow_changed_config`` lets the first two pass.
 
     Checkpoints are saved at every epoch end, every ``checkpoint_every_steps`` steps, and
     ``checkpoint_every_minutes`` after the last save (the chief's clock; every rank saves at
@@ -50,6 +53,7 @@ class TrainConfig:
     stop_after_steps: Optional[int] = None
     keep_checkpoints: int = 3
     resume: bool = True
+    allow_changed_config: bool = False
     validate_every_epochs: int = 1
     log_every_steps: int = 10
     profile_steps: Optional[tuple[int, int]] = None

@@ -253,6 +253,7 @@ class _Fit:
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        self._check_resume()  # before anything is written: a refused resume changes nothing
         if self.chief:
             rundir.prepare(self.run_dir, self.cfg)
         self.workers.barrier()
@@ -499,10 +500,24 @@ class _Fit:
             # max/mean edges per worker per step, mean over the steps of the first epoch's plan
             edge_imbalance=self.t.edge_imbalance,
             stopped_by="signal" if self.preempted and status == "stopped" else None,
+            dataset_digest=self.t.dataset_digest,
             **described,
         )
 
     # -- start and end ------------------------------------------------------------------
+    def _check_resume(self) -> None:
+        info_file = self.run_dir / timing.RUN_INFO_FILE
+        if not (self.tc.resume and info_file.exists()):
+            return
+        rundir.check_resume(
+            self.run_dir,
+            timing.read_run(self.run_dir).info,
+            self.cfg,
+            self.workers.num_replicas,
+            tf.train.latest_checkpoint(str(self.run_dir / "checkpoints")),
+            self.t.dataset_digest,
+        )
+
     def _restore(self) -> Optional[timing.Run]:
         """Restores the newest checkpoint (when resuming) and the records written so far."""
         resume = self.tc.resume

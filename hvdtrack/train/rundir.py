@@ -11,7 +11,37 @@ from pathlib import Path
 from typing import Any
 
 from hvdtrack.config import Config, config_to_dict, dump_config
+from hvdtrack.errors import ConfigError
+from hvdtrack.train.timing import flatten_config
 from hvdtrack.utils.io import write_json
+
+# What a resumed run may change: how long it runs, how it logs, checkpoints and launches. Any
+# other setting (data, model, optimiser, batch, seed, exchange) makes it another run.
+RESUMABLE_CHANGES = (
+    "name",
+    "data.workers",
+    "data.prepare_timeout_s",
+    "train.run_dir",
+    "train.epochs",
+    "train.stop_after_steps",
+    "train.checkpoint_every_steps",
+    "train.checkpoint_every_minutes",
+    "train.keep_checkpoints",
+    "train.resume",
+    "train.allow_changed_config",
+    "train.validate_every_epochs",
+    "train.log_every_steps",
+    "train.profile_steps",
+    "train.progress_bar",
+    "train.progress_interval_s",
+    "train.verify_checksums",
+    "distributed.strategy",
+    "distributed.threads_per_worker",
+    "distributed.num_cpu_devices",
+    "distributed.horovod_cycle_time_ms",
+    "distributed.deadline_s",
+    "scaling",
+)
 
 PACKAGES = (
     "tensorflow",
@@ -76,3 +106,61 @@ def write_hparams(writer, config: Config, num_workers: int, global_batch: int) -
                 flat[f"{section}.{key}"] = str(value)
     with writer.as_default():
         hp.hparams(flat, trial_id=Path(config.train.run_dir).name)
+
+
+def check_resume(
+    run_dir: Path,
+    previous: dict[str, Any],
+    config: Config,
+    num_workers: int,
+    latest_checkpoint: str | None,
+    dataset_digest: str,
+) -> None:
+    """Refuses a resume that would not continue the same run; call before writing anything.
+
+    ``previous`` is the run's ``run.json``. Refused: another value of any setting outside
+    ``RESUMABLE_CHANGES`` (the first one is named), another dataset (manifest digest), and
+    another worker count when the checkpoint lies inside an epoch (its plan was made for the
+    old count: graphs would be skipped or repeated). ``train.allow_changed_config`` lets the
+    first two pass.
+
+    Raises:
+      ConfigError: naming the run directory, the setting and both values.
+    """
+    fix = (
+        "Use another train.run_dir, or train.resume=false to start afresh"
+        + ", or train.allow_changed_config=true to resume anyway"
+    )
+    if not config.train.allow_changed_config:
+        key, old, new = _first_difference(previous.get("config") or {}, config_to_dict(config))
+        if key is not None:
+            raise ConfigError(
+                f"{run_dir} was trained with {key}={old!r}, this command has {key}={new!r}: "
+                f"resuming would not continue the same run. {fix}"
+            )
+        old_digest = previous.get("dataset_digest")
+        if old_digest is not None and old_digest != dataset_digest:
+            raise ConfigError(
+                f"{run_dir} was trained on another dataset (manifest digest {old_digest}, now "
+                f"{dataset_digest} in {config.data.dataset_dir}). {fix}"
+            )
+    old_workers, per_epoch = previous.get("num_workers"), previous.get("steps_per_epoch")
+    if latest_checkpoint and old_workers != num_workers and per_epoch:
+        number = int(latest_checkpoint.rsplit("-", 1)[-1])
+        if number % per_epoch:
+            raise ConfigError(
+                f"{run_dir} stopped inside an epoch (checkpoint {latest_checkpoint}) with "
+                f"{old_workers} workers; resuming with {num_workers} would skip or repeat graphs "
+                f"of that epoch's plan. Resume with {old_workers} workers, or use another "
+                "train.run_dir"
+            )
+
+
+def _first_difference(old: dict, new: dict) -> tuple[str | None, Any, Any]:
+    flat_old, flat_new = flatten_config(old), flatten_config(new)
+    for key in sorted(set(flat_old) | set(flat_new)):
+        if any(key == k or key.startswith(f"{k}.") for k in RESUMABLE_CHANGES):
+            continue
+        if key in flat_old and key in flat_new and flat_old[key] != flat_new[key]:
+            return key, flat_old[key], flat_new[key]
+    return None, None, None

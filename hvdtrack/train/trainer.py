@@ -17,6 +17,7 @@ Public symbols: ``Trainer``, ``StepTimes``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -30,7 +31,7 @@ from hvdtrack.inputs import pipeline
 from hvdtrack.inputs.balance import EpochPlan
 from hvdtrack.model.classifier import SegmentClassifier
 from hvdtrack.model.loss import weighted_bce_per_edge, weighted_bce_terms
-from hvdtrack.records.manifest import open_dataset
+from hvdtrack.records.manifest import MANIFEST_NAME, open_dataset
 from hvdtrack.train import metrics as metrics_lib
 from hvdtrack.train.distribute import Workers, make_workers
 from hvdtrack.train.optimizer import Adam, Schedule, scaled_learning_rate
@@ -68,6 +69,8 @@ class Trainer:
         self.workers = workers or make_workers(config.distributed)
         self.dataset_dir = Path(config.data.dataset_dir)
         self.manifest = open_dataset(self.dataset_dir, verify=config.train.verify_checksums)
+        manifest_bytes = (self.dataset_dir / MANIFEST_NAME).read_bytes()
+        self.dataset_digest = hashlib.sha256(manifest_bytes).hexdigest()[:16]
         table = self.manifest.split_table("train", str(self.dataset_dir))
         self.train_edges = np.asarray(table.num_edges)
         tc, dc = config.train, config.distributed

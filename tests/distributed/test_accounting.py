@@ -9,7 +9,7 @@ from tests.launch import REPO, check, horovodrun
 pytestmark = [pytest.mark.distributed]
 PROGRAM = "tests/distributed/accounting_program.py"
 CONFIG = str(REPO / "configs/tiny.yaml")
-DELAY = 0.25
+DELAY = 0.5
 
 
 def _accounts(tmp_path, tiny_dataset, slow):

@@ -113,8 +113,19 @@ def test_missing_dataset_is_named(tiny_config, tmp_path):
 def test_checkpoint_of_another_model_is_refused(tiny_config):
     fit(Trainer(tiny_config("train.epochs=1", run="shape")))
     other = Trainer(tiny_config("train.epochs=2", "model.node_encoder=[8, 16]", run="shape"))
-    with pytest.raises(ConfigError, match=r"does not fit the configured model.*train.resume=false"):
+    with pytest.raises(ConfigError, match=r"model.node_encoder=\[16, 16\].*\[8, 16\]"):
         fit(other)
+    # Told to resume anyway, the checkpoint itself does not fit the model.
+    forced = Trainer(
+        tiny_config(
+            "train.epochs=2",
+            "model.node_encoder=[8, 16]",
+            "train.allow_changed_config=true",
+            run="shape",
+        )
+    )
+    with pytest.raises(ConfigError, match=r"does not fit the configured model.*train.resume=false"):
+        fit(forced)
 
 
 def test_checkpoint_scores_new_graphs(tiny_config, tiny_dataset):
