@@ -35,12 +35,16 @@ def test_slow_rank_is_accounted_where_it_waits(slow, tiny_dataset, tmp_path):
     rows, steps = _accounts(tmp_path, tiny_dataset, slow)
     _every_second_accounted(rows)
     injected = DELAY * steps
-    for epoch in range(3):
-        slow_rank, fast_rank = rows[(epoch, 1)], rows[(epoch, 0)]
-        # The delay lands in the slow rank's own part ...
-        assert slow_rank[f"{slow}_s"] - fast_rank[f"{slow}_s"] >= 0.8 * injected, rows
-        # ... and the other rank spends it waiting at the gradient exchange.
-        # (at least half: rank 0 also writes every step's summaries (the tiny config logs each
-        # step) before its next step, which shortens its wait by that much)
-        assert fast_rank["wait_s"] - slow_rank["wait_s"] >= 0.5 * injected, rows
-        assert fast_rank["exchange_s"] >= fast_rank["wait_s"]
+
+    # Over the run's 3 epochs (sums average out the host's scheduling noise):
+    def total(rank, key):
+        return sum(rows[(epoch, rank)][key] for epoch in range(3))
+
+    # The delay lands in the slow rank's own part ...
+    assert total(1, f"{slow}_s") - total(0, f"{slow}_s") >= 0.8 * 3 * injected, rows
+    # ... and the other rank spends it waiting at the gradient exchange (at least half: rank 0
+    # also writes every step's summaries (the tiny config logs each step) before its next
+    # step, which shortens its wait by that much).
+    assert total(0, "wait_s") - total(1, "wait_s") >= 0.5 * 3 * injected, rows
+    for row in rows.values():
+        assert row["exchange_s"] >= row["wait_s"]
