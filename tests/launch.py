@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,3 +66,41 @@ def check(result: subprocess.CompletedProcess) -> str:
         f"--- stderr ---\n{result.stderr[-4000:]}"
     )
     return result.stdout
+
+
+def start_training(np: int, args: list[str], run_dir: Path, timeout: float = 120):
+    """Starts ``horovodrun -np N python ARGS`` (output in ``.communicate()``) and returns the
+    Popen once the run's first epoch is recorded: training is under way."""
+    job = subprocess.Popen(
+        launch_command(np, args),
+        cwd=REPO,
+        env=worker_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + timeout
+    while not (run_dir / "timing.jsonl").exists() and job.poll() is None:
+        assert time.monotonic() < deadline, f"{run_dir}: no epoch after {timeout} s"
+        time.sleep(0.2)
+    return job
+
+
+def rank_pid(run_dir: Path, rank: int, timeout: float = 120) -> int:
+    """The pid of the training process of ``rank`` in ``run_dir`` (from /proc)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+                environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if (
+                f"train.run_dir={run_dir}".encode() in cmdline
+                and b"horovodrun" not in b" ".join(cmdline)
+                and f"HOROVOD_RANK={rank}".encode() in environ
+            ):
+                return int(pid)
+        time.sleep(0.2)
+    raise AssertionError(f"no rank {rank} process for {run_dir}")

@@ -3,13 +3,11 @@ message, instead of stalling the other rank for ever."""
 
 import os
 import signal
-import subprocess
 import time
 
 import pytest
 
-from tests.distributed.test_preempt import rank_pid
-from tests.launch import REPO, launch_command, worker_env
+from tests.launch import REPO, rank_pid, start_training
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 DEADLINE = 10
@@ -29,18 +27,8 @@ def test_a_stopped_rank_ends_the_job_within_the_deadline(tiny_dataset, tmp_path)
         "train.progress_bar=false",
         f"distributed.deadline_s={DEADLINE}",
     ]
-    job = subprocess.Popen(
-        launch_command(2, args),
-        cwd=REPO,
-        env=worker_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while not (run_dir / "timing.jsonl").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    stopped = rank_pid(run_dir, 1, deadline)
+    job = start_training(2, args, run_dir)
+    stopped = rank_pid(run_dir, 1)
     os.kill(stopped, signal.SIGSTOP)  # alive, but answers nothing
     started = time.monotonic()
     try:

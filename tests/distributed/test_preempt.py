@@ -5,15 +5,13 @@ was never interrupted."""
 import json
 import os
 import signal
-import subprocess
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from hvdtrack.train.loop import PREEMPTED_EXIT_CODE
-from tests.launch import REPO, check, horovodrun, launch_command, worker_env
+from tests.launch import REPO, check, horovodrun, rank_pid, start_training
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -33,25 +31,6 @@ def train_args(dataset, run_dir):
     ]
 
 
-def rank_pid(run_dir, rank, deadline):
-    """The pid of the training process of ``rank`` (from /proc), once it has started."""
-    while time.monotonic() < deadline:
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-                environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            except OSError:
-                continue
-            if (
-                f"train.run_dir={run_dir}".encode() in cmdline
-                and b"horovodrun" not in b" ".join(cmdline)
-                and f"HOROVOD_RANK={rank}".encode() in environ
-            ):
-                return int(pid)
-        time.sleep(0.2)
-    raise AssertionError(f"no rank {rank} process for {run_dir}")
-
-
 def weights(run_dir):
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(run_dir / "checkpoints")))
     names = sorted(n for n in reader.get_variable_to_shape_map() if n.startswith("model/"))
@@ -61,18 +40,8 @@ def weights(run_dir):
 
 def test_sigterm_checkpoints_every_rank_and_the_rerun_resumes_exactly(tiny_dataset, tmp_path):
     run_dir = tmp_path / "preempted"
-    job = subprocess.Popen(
-        launch_command(2, train_args(tiny_dataset, run_dir)),
-        cwd=REPO,
-        env=worker_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while not (run_dir / "timing.jsonl").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)  # the first epoch's records: training is under way
-    os.kill(rank_pid(run_dir, 1, deadline), signal.SIGTERM)
+    job = start_training(2, train_args(tiny_dataset, run_dir), run_dir)
+    os.kill(rank_pid(run_dir, 1), signal.SIGTERM)
     output, _ = job.communicate(timeout=120)
     assert job.returncode != 0, output
     assert f"Process 1 exit with status code {PREEMPTED_EXIT_CODE}" in output, output
