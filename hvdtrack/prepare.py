@@ -126,9 +126,6 @@ def prepare_dataset(config: Config, force: bool = False, progress: bool = True) 
     return report
 
 
-prepare = prepare_dataset  # the older name (tests/conftest.py and existing scripts use it)
-
-
 def _build(config: Config, out: Path, progress: bool) -> dict:
     data = config.data
     csv_dir = out / "events"

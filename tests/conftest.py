@@ -13,7 +13,7 @@ import pytest
 
 from hvdtrack.config import load_config
 from hvdtrack.graphs.construction import HitGraph
-from hvdtrack.prepare import prepare
+from hvdtrack.prepare import prepare_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("tiny") / "data"
-    prepare(
+    prepare_dataset(
         load_config(REPO / "configs/tiny.yaml", [f"data.dataset_dir={directory}"]), progress=False
     )
     return directory
