@@ -46,9 +46,11 @@ class DataConfig:
     split by event (``records.split_counts`` or ``records.split_fractions``), never by section,
     so no event feeds two splits.
 
+    ``workers``: event-processing processes (null: the CPUs in this process's affinity mask).
     ``prepare_timeout_s``: when ``hvdtrack train`` finds no (up-to-date) dataset, rank 0 prepares
-    it and the other ranks wait at most this long for it before giving up. Neither it nor
-    ``workers`` changes the dataset (``hvdtrack.prepare.up_to_date`` ignores them).
+    it and the other ranks wait at most this long for it before giving up; preparation itself
+    gives up when no event finishes within it (a stuck worker). Neither it nor ``workers``
+    changes the dataset (``hvdtrack.prepare.up_to_date`` ignores them).
     """
 
     source: Literal["synthetic", "trackml"] = "synthetic"

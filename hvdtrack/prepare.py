@@ -4,13 +4,18 @@ Events come from the synthetic detector (written as TrackML CSV files first, so 
 the one exercised) or from a TrackML directory. Events are processed in parallel; one writer in
 this process shards the graphs. The dataset is built in a temporary sibling directory and moved
 into place only when complete, so a failure never leaves a half-written dataset or loses the old one.
+A worker process that dies (the out-of-memory killer, ``kill -9``) or an event that outlasts
+``data.prepare_timeout_s`` is such a failure: an error naming the unfinished events, never a hang.
 ``hvdtrack train`` calls ``prepare_dataset`` itself when its dataset is missing or out of date.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import dataclasses
+import itertools
 import json
 import multiprocessing
 import os
@@ -18,6 +23,8 @@ import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Sequence
 
@@ -35,7 +42,7 @@ from hvdtrack.errors import DataError
 from hvdtrack.events import synthetic, trackml
 from hvdtrack.graphs.construction import build_hit_graphs
 from hvdtrack.graphs.report import ConstructionReport
-from hvdtrack.records.manifest import MANIFEST_NAME, Manifest
+from hvdtrack.records.manifest import MANIFEST_NAME, Manifest, check_shard_files
 from hvdtrack.records.shards import DatasetWriter, EncodedGraph, encode_graph, split_events
 from hvdtrack.utils.io import atomic_write, ordinary_permissions, write_json
 
@@ -89,11 +96,28 @@ def _fingerprint(config: Config) -> dict:
 
 def up_to_date(config: Config) -> bool:
     """True when ``data.dataset_dir`` holds a complete dataset built from this data config."""
-    info = Path(config.data.dataset_dir) / PREPARE_INFO
+    return stale_reason(config) is None
+
+
+def stale_reason(config: Config) -> str | None:
+    """Why ``data.dataset_dir`` does not hold this data config's complete dataset (None: it does).
+
+    Besides ``prepare.json``, every shard the manifest names must be there with its recorded
+    size (no hashing: cheap), so a deleted or truncated shard means preparing again rather than
+    failing in the middle of training.
+    """
+    target = Path(config.data.dataset_dir)
     try:
-        return json.loads(info.read_text()).get("data") == _fingerprint(config)
-    except (OSError, json.JSONDecodeError):
-        return False
+        built_from = json.loads((target / PREPARE_INFO).read_text()).get("data")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return f"it has no readable {PREPARE_INFO}"
+    if built_from != _fingerprint(config):
+        return "it was built from another data config"
+    try:
+        check_shard_files(Manifest.load(target), target)
+    except DataError as err:
+        return str(err)
+    return None
 
 
 def prepare_dataset(config: Config, force: bool = False, progress: bool = True) -> dict:
@@ -107,13 +131,16 @@ def prepare_dataset(config: Config, force: bool = False, progress: bool = True) 
     """
     data = config.data
     target = Path(data.dataset_dir)
-    if not force and up_to_date(config):
+    reason = stale_reason(config)
+    if not force and reason is None:
         report = json.loads((target / PREPARE_INFO).read_text())["report"]
         print(
             f"[prepare] {target} is up to date (same data config); --force rebuilds it", flush=True
         )
         return report
     _check_replaceable(target)
+    if not force and (target / PREPARE_INFO).is_file():
+        print(f"[prepare] rebuilding {target}: {reason}", flush=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
     ordinary_permissions(staging, directory=True)
@@ -133,12 +160,13 @@ def _build(config: Config, out: Path, progress: bool) -> dict:
     splits = split_events([j.event_id for j in jobs], data.records)
     split_of = {int(e): name for name, ids in splits.items() for e in ids}
     jobs = [j for j in jobs if j.event_id in split_of]
-    workers = min(data.workers or os.cpu_count() or 1, len(jobs))
+    workers = min(data.workers or usable_cpus(), len(jobs))
     started = time.perf_counter()
     counts: dict[str, list[list[int]]] = {name: [[], [], [], []] for name in splits}
     bar = _bar(progress, len(jobs))
-    with DatasetWriter(out, data.records) as writer:
-        for event_id, encoded, segments in _run(jobs, workers):
+    results = _run(jobs, workers, data.prepare_timeout_s, Path(data.dataset_dir))
+    with DatasetWriter(out, data.records) as writer, contextlib.closing(results):
+        for event_id, encoded, segments in results:
             split = split_of[event_id]
             for graph, num_segments in zip(encoded, segments):
                 writer.add(split, graph)
@@ -184,14 +212,72 @@ def _build(config: Config, out: Path, progress: bool) -> dict:
     return report
 
 
-def _run(jobs: list[_Job], workers: int):
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask: a batch job's share, not the node's)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _run(jobs: list[_Job], workers: int, deadline_s: float, target: Path):
+    """Yields ``_process_event`` of every job, in job order, from ``workers`` processes.
+
+    At most two events per worker are in flight, so finished graphs never pile up in memory.
+    A worker that dies makes the pool broken (``multiprocessing.Pool`` would wait forever for
+    its result) and a result not ready within ``deadline_s`` means a stuck worker: both raise
+    a DataError naming the unfinished events, after the workers are stopped.
+    """
     if workers <= 1:
         yield from map(_process_event, jobs)
         return
     # Workers only run numpy/pandas: forking is safe (no TensorFlow op has run in this process).
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-    with context.Pool(workers) as pool:
-        yield from pool.imap(_process_event, jobs, chunksize=1)
+    pool = ProcessPoolExecutor(workers, mp_context=context)
+    waiting = iter(jobs)
+    in_flight = collections.deque()
+    try:
+        for job in itertools.islice(waiting, 2 * workers):
+            in_flight.append((job.event_id, pool.submit(_process_event, job)))
+        while in_flight:
+            try:
+                result = in_flight[0][1].result(timeout=deadline_s)
+            except (BrokenProcessPool, TimeoutError) as err:
+                raise _worker_error(err, [e for e, _ in in_flight], deadline_s, target) from None
+            in_flight.popleft()
+            for job in itertools.islice(waiting, 1):
+                in_flight.append((job.event_id, pool.submit(_process_event, job)))
+            yield result
+    except BaseException:
+        _stop(pool)
+        raise
+    pool.shutdown()
+
+
+def _worker_error(err: Exception, events: list[int], deadline_s: float, target: Path) -> DataError:
+    unfinished = ", ".join(str(e) for e in events)
+    if isinstance(err, BrokenProcessPool):
+        what = (
+            "a preparation worker process died (killed by a signal: the out-of-memory killer, "
+            "kill -9, ...)"
+        )
+        advice = "give it more memory or use fewer data.workers"
+    else:
+        what = f"no preparation worker finished an event within {deadline_s:g} s"
+        advice = "look for a stuck worker, or raise data.prepare_timeout_s"
+    return DataError(
+        f"{what} while events {unfinished} were unfinished; nothing was written to "
+        f"{target} - {advice}, then run prepare again"
+    )
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Stops the pool at once: queued events are dropped, running (or stuck) workers killed."""
+    # The executor has no public way to kill its workers (shutdown waits for running events).
+    processes = list((pool._processes or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        with contextlib.suppress(OSError, ValueError):
+            process.kill()
 
 
 # What prepare writes into a dataset directory besides the manifest's shards.

@@ -1,11 +1,21 @@
-"""prepare replaces only what it wrote: other files are refused, named, and left in place."""
+"""prepare replaces only what it wrote (other files are refused, named, and left in place) and
+never hangs or half-writes when a worker dies."""
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from hvdtrack.config import load_config
 from hvdtrack.errors import DataError
-from hvdtrack.prepare import prepare_dataset
-from tests.launch import REPO
+from hvdtrack.prepare import prepare_dataset, stale_reason, up_to_date
+from tests.launch import REPO, worker_env
 
 
 def tiny(directory):
@@ -52,3 +62,102 @@ def test_an_empty_directory_is_filled(tmp_path):
     target.mkdir()
     prepare_dataset(tiny(target), progress=False)
     assert (target / "manifest.json").is_file()
+
+
+def children(pid):
+    """Process ids of ``pid``'s children, from /proc (every thread's list)."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            found.update(int(c) for c in (task / "children").read_text().split())
+    return found
+
+
+def cmdline(pid):
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    return None
+
+
+@pytest.mark.parametrize(
+    "signum, message",
+    [
+        (signal.SIGKILL, "a preparation worker process died"),  # as the out-of-memory killer does
+        (signal.SIGSTOP, "no preparation worker finished an event within 3 s"),  # a stuck worker
+    ],
+)
+def test_a_lost_worker_ends_prepare_with_an_error_and_keeps_the_old_dataset(
+    tmp_path, signum, message
+):
+    target = tmp_path / "data"
+    prepare_dataset(tiny(target), progress=False)
+    old_manifest = (target / "manifest.json").read_bytes()
+    # Another seed makes the dataset stale; 400 events keep the workers busy for minutes.
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hvdtrack.prepare", "--config", "tiny", "--no-progress"]
+        + [f"data.dataset_dir={target}", "data.seed=12", "data.num_events=400"]
+        + ["data.workers=2", "data.records.split_counts=null", "data.prepare_timeout_s=3"],
+        cwd=tmp_path,
+        env=worker_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        workers, command = set(), None
+        while not workers and process.poll() is None and time.monotonic() < deadline:
+            # Pool workers are forks of prepare: same command line (unlike a resource tracker).
+            command = cmdline(process.pid)
+            workers = {c for c in children(process.pid) if cmdline(c) == command}
+            time.sleep(0.2)
+        assert workers, "no worker process appeared"
+        time.sleep(1.0)  # let events be in flight
+        os.kill(min(workers), signum)
+        started = time.monotonic()
+        _, stderr = process.communicate(timeout=60)
+        took = time.monotonic() - started
+    finally:
+        process.kill()
+        for pid in workers:  # still there only if prepare failed to stop them
+            if cmdline(pid) == command:
+                os.kill(pid, signal.SIGKILL)
+    assert process.returncode == 2, stderr[-2000:]
+    assert re.search(rf"{message} .*while events (1\d\d\d, )*1\d\d\d were unfinished", stderr)
+    assert f"nothing was written to {target}" in stderr
+    assert took < 30
+    assert (target / "manifest.json").read_bytes() == old_manifest
+    assert leftovers(tmp_path) == [], "staging directory left behind"
+
+
+def test_a_missing_or_truncated_shard_makes_the_dataset_stale(tmp_path, capsys):
+    config = tiny(tmp_path / "data")
+    prepare_dataset(config, progress=False)
+    assert up_to_date(config)
+    shard = tmp_path / "data/train-00000-of-00003.tfrecord"
+    shard.unlink()
+    assert not up_to_date(config)
+    assert stale_reason(config).startswith("shard train-00000-of-00003.tfrecord is missing from")
+    capsys.readouterr()
+    prepare_dataset(config, progress=False)
+    assert "rebuilding" in capsys.readouterr().out and shard.is_file() and up_to_date(config)
+    size = shard.stat().st_size
+    shard.write_bytes(shard.read_bytes()[:-1])
+    assert f"is {size - 1} bytes but the manifest says {size}" in stale_reason(config)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to leave one out")
+def test_default_workers_are_the_cpus_this_process_may_use(tmp_path):
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        report = prepare_dataset(
+            load_config(
+                REPO / "configs/tiny.yaml",
+                [f"data.dataset_dir={tmp_path / 'data'}", "data.workers=null"],
+            ),
+            progress=False,
+        )
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert report["workers"] == 1
