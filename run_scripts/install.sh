@@ -75,6 +75,12 @@ missing=()
 for p in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# For tests only: an sshd per test host (run_scripts/test_hosts.sh, which needs root anyway).
+# Installed when root may call apt-get; images and HVDTRACK_SKIP_APT=1 go without.
+if [ "$(id -u)" = 0 ] && [ "${HVDTRACK_SKIP_APT:-0}" != 1 ]; then
+    dpkg-query -W -f='${Status}' openssh-server 2>/dev/null | grep -q "install ok installed" ||
+        missing+=(openssh-server)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "${HVDTRACK_SKIP_APT:-0}" = 1 ]; then
         die "Debian packages missing: ${missing[*]} (and HVDTRACK_SKIP_APT=1)" \
