@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -200,12 +201,30 @@ def _convert(hint: Any, value: Any, key: str, source: str) -> Any:
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{source}: '{key}' must be a number, got {_describe(value)}")
-        return float(value)
+        return _finite(value, key, source)
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError(f"{source}: '{key}' must be a string, got {_describe(value)}")
         return value
     raise TypeError(f"config field '{key}' has an unsupported type hint {hint!r}")
+
+
+# Settings end up in float32 tensors, where a larger magnitude (YAML's 1e39) becomes inf.
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _finite(value: int | float, key: str, source: str) -> float:
+    """``value`` as a float; ``.inf``, ``.nan`` and magnitudes beyond float32 are refused."""
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not abs(number) <= _FLOAT32_MAX:  # also false for nan
+        raise ConfigError(
+            f"{source}: '{key}' must be a finite number of at most {_FLOAT32_MAX:.3g} in "
+            f"magnitude (it is used in float32), got {value!r}"
+        )
+    return number
 
 
 def _describe(value: Any) -> str:

@@ -5,7 +5,15 @@ from typing import Literal, Optional
 
 import pytest
 
-from hvdtrack.configtools import apply_overrides, check, from_mapping, parse_override, to_mapping
+from hvdtrack.config import load_config
+from hvdtrack.configtools import (
+    apply_overrides,
+    check,
+    from_mapping,
+    load_yaml,
+    parse_override,
+    to_mapping,
+)
 from hvdtrack.errors import ConfigError
 
 
@@ -84,3 +92,43 @@ def test_malformed_override(text):
 def test_override_into_a_value_is_refused():
     with pytest.raises(ConfigError, match="'a' is a value, not a section"):
         apply_overrides({"a": 1}, ["a.b=2"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Floats:
+    rate: float = 1e-3
+    cap: Optional[float] = None
+    fractions: tuple[float, ...] = (0.5, 0.5)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("rate: .inf", r"f.yaml: 'rate' must be a finite number .* got inf"),
+        ("rate: -.inf", r"'rate' must be a finite number .* got -inf"),
+        ("rate: .nan", r"'rate' must be a finite number .* got nan"),
+        ("rate: 1e39", r"'rate' must be a finite number .*float32.* got 1e\+39"),  # inf in float32
+        ("rate: 1e400", r"'rate' must be a finite number .* got inf"),  # inf already in YAML
+        (f"rate: {10**400}", r"'rate' must be a finite number"),  # an integer too large for float
+        ("cap: .inf", r"'cap' must be a finite number"),
+        ("fractions: [0.5, .nan]", r"'fractions\[1\]' must be a finite number"),
+    ],
+)
+def test_non_finite_floats_are_refused_with_the_key(text, message):
+    with pytest.raises(ConfigError, match=message):
+        from_mapping(Floats, load_yaml(text), source="f.yaml")
+
+
+def test_finite_floats_and_null_pass():
+    assert from_mapping(Floats, load_yaml("rate: 3.0e38\ncap: null\nfractions: [-1e-45, 2]")) == (
+        Floats(rate=3.0e38, cap=None, fractions=(-1e-45, 2.0))
+    )
+
+
+def test_a_non_finite_setting_in_a_config_file_is_named(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  learning_rate: .inf\n")
+    with pytest.raises(ConfigError, match=rf"{path}: 'train.learning_rate' must be a finite"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"=1e39\): 'data.prepare_timeout_s' must be a finite"):
+        load_config(path, ["train.learning_rate=0.1", "data.prepare_timeout_s=1e39"])
