@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
@@ -259,7 +260,11 @@ class Manifest:
 
     @classmethod
     def from_json_dict(cls, data: Any, where: str = MANIFEST_NAME) -> Manifest:
-        """Builds and validates a manifest from its parsed JSON."""
+        """Builds and validates a manifest from its parsed JSON.
+
+        Every field is type-checked first, so a hand-edited or damaged manifest is refused with
+        the file and key named (``shards[3].num_bytes``) rather than failing later.
+        """
         if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
             raise DataError(f"{where} is not an hvdtrack dataset manifest (format '{FORMAT_NAME}')")
         version = data.get("schema_version")
@@ -267,22 +272,23 @@ class Manifest:
             raise DataError(
                 version_mismatch_message(where, version if isinstance(version, int) else -1)
             )
-        try:
-            shards = tuple(ShardInfo(**row) for row in data["shards"])
-            graphs = tuple(GraphEntry(**row) for row in data["graphs"])
-            manifest = cls(
-                schema_version=version,
-                compression=data["compression"],
-                splits=tuple(data["splits"]),
-                shards=shards,
-                graphs=graphs,
-                graphs_per_shard=data.get("graphs_per_shard", 0),
-                seed=data.get("seed", 0),
-            )
-        except (KeyError, TypeError) as err:
-            raise DataError(
-                f"{where} is missing or has a malformed entry ({err}) - {_PREPARE}"
-            ) from None
+        for key in ("compression", "splits", "shards", "graphs"):
+            if key not in data:
+                raise DataError(f"{where}: key '{key}' is missing - {_PREPARE}")
+        manifest = cls(
+            schema_version=version,
+            compression=_typed(data["compression"], str, "compression", where),
+            splits=tuple(
+                _typed(name, str, f"splits[{i}]", where)
+                for i, name in enumerate(_typed(data["splits"], list, "splits", where))
+            ),
+            shards=_rows(ShardInfo, data["shards"], "shards", where),
+            graphs=_rows(GraphEntry, data["graphs"], "graphs", where),
+            graphs_per_shard=_typed(
+                data.get("graphs_per_shard", 0), int, "graphs_per_shard", where
+            ),
+            seed=_typed(data.get("seed", 0), int, "seed", where),
+        )
         manifest.validate(where)
         return manifest
 
@@ -339,6 +345,49 @@ class Manifest:
                     f"shard {shard.file} holds {shard.num_graphs} graphs but the manifest lists "
                     f"records {records[key][:5]}{'...' if len(records[key]) > 5 else ''}"
                 )
+
+
+_TYPE_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
+
+
+def _typed(value: Any, kind: type, key: str, where: str) -> Any:
+    """``value`` if it is a JSON value of type ``kind`` (true/false are not integers)."""
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    got = "null" if value is None else f"{type(value).__name__} {json.dumps(value)[:40]}"
+    raise DataError(f"{where}: '{key}' must be {_TYPE_NAMES[kind]}, got {got} - {_PREPARE}")
+
+
+def _rows(cls: type, rows: Any, key: str, where: str) -> tuple:
+    """``cls`` made from each JSON object of the list ``rows``, every field type-checked."""
+    kinds = {
+        name: kind
+        for name, kind in typing.get_type_hints(cls).items()
+        if name != "graphs"  # ShardInfo.graphs: only on freshly written shards
+    }
+    names, types = tuple(kinds), tuple(kinds.values())
+    made = []
+    for i, row in enumerate(_typed(rows, list, key, where)):
+        # Exact types in field order (as written; JSON makes true/false bools, not ints): a
+        # cheap check per row, as manifests list every graph. The slow path names the culprit.
+        if type(row) is not dict or tuple(row) != names or tuple(map(type, row.values())) != types:
+            _explain_row(row, kinds, f"{key}[{i}]", where)
+        made.append(cls(**row))
+    return tuple(made)
+
+
+def _explain_row(row: Any, kinds: dict[str, type], key: str, where: str) -> None:
+    """Raises DataError naming the first missing, unknown or mistyped key (keys in another
+    order pass)."""
+    _typed(row, dict, key, where)
+    missing = [name for name in kinds if name not in row]
+    if missing:
+        raise DataError(f"{where}: '{key}' has no '{missing[0]}' - {_PREPARE}")
+    unknown = sorted(row.keys() - kinds.keys())
+    if unknown:
+        raise DataError(f"{where}: '{key}' has unknown keys {unknown} - {_PREPARE}")
+    for name, kind in kinds.items():
+        _typed(row[name], kind, f"{key}.{name}", where)
 
 
 def shard_file_name(split: str, index: int, num_shards: int, compression: str) -> str:

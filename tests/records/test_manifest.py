@@ -68,13 +68,55 @@ def test_manifest_of_another_schema_version_is_refused(dataset):
             r"shard x\.tfrecord should be named train-00000-of-00002\.tfrecord",
         ),
         (lambda d: d.update(compression="lz4"), "compression 'lz4' is not one of none, gzip"),
-        (lambda d: d["shards"][0].pop("sha256"), "is missing or has a malformed entry"),
+        (lambda d: d["shards"][0].pop("sha256"), r"'shards\[0\]' has no 'sha256'"),
     ],
 )
 def test_damaged_manifest_is_refused_naming_the_entry(dataset, change, message):
     edit_manifest(dataset, change)
     with pytest.raises(DataError, match=message):
         Manifest.load(dataset)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda d: d["shards"][1].update(num_bytes="1000"),
+            r"'shards\[1\].num_bytes' must be an integer, got str \"1000\"",
+        ),
+        (
+            lambda d: d["graphs"][2].update(event_id=True),
+            r"'graphs\[2\].event_id' must be an integer, got bool true",
+        ),
+        (
+            lambda d: d["graphs"][3].update(split=3),
+            r"'graphs\[3\].split' must be a string, got int 3",
+        ),
+        (
+            lambda d: d["graphs"].__setitem__(0, [1]),
+            r"'graphs\[0\]' must be an object, got list \[1\]",
+        ),
+        (lambda d: d["shards"][0].update(extra=1), r"'shards\[0\]' has unknown keys \['extra'\]"),
+        (lambda d: d.update(shards={}), r"'shards' must be a list, got dict \{\}"),
+        (lambda d: d.update(splits="train"), r"'splits' must be a list, got str \"train\""),
+        (lambda d: d["splits"].__setitem__(1, None), r"'splits\[1\]' must be a string, got null"),
+        (lambda d: d.update(compression=1), r"'compression' must be a string, got int 1"),
+        (lambda d: d.update(seed=1.5), r"'seed' must be an integer, got float 1.5"),
+        (lambda d: d.pop("graphs"), r"key 'graphs' is missing"),
+    ],
+)
+def test_wrong_types_in_the_manifest_are_named_by_file_and_key(dataset, change, message):
+    edit_manifest(dataset, change)
+    with pytest.raises(DataError, match=rf"^{dataset / 'manifest.json'}: {message} - re-run"):
+        Manifest.load(dataset)
+
+
+def test_keys_in_another_order_are_read(dataset):
+    written = Manifest.load(dataset)
+    edit_manifest(
+        dataset, lambda d: d["graphs"].__setitem__(0, dict(reversed(d["graphs"][0].items())))
+    )
+    assert Manifest.load(dataset) == written
 
 
 def test_changed_shard_bytes_are_refused_by_checksum(dataset):
