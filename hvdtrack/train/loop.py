@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -33,7 +33,7 @@ import tensorflow as tf
 from hvdtrack.config import Config, config_to_dict
 from hvdtrack.errors import TrainingError
 from hvdtrack.scaling.energy import EnergyMeter
-from hvdtrack.train import console, rundir, timing
+from hvdtrack.train import console, elastic, rundir, timing
 from hvdtrack.train.trainer import StepTimes, Trainer
 
 log = logging.getLogger(console.LOGGER_NAME)
@@ -249,6 +249,10 @@ class _Fit:
         self.compile_s: Optional[float] = None
         self.signals = _StopSignals()
         self.preempted = False  # a rank got a stop signal: all stop after the same step
+        self.elastic = elastic.is_elastic(self.cfg.distributed.strategy)
+        self.commit: Callable[[], None] = lambda: None  # elastic.run sets the state's commit
+        self.resets: list[dict[str, Any]] = []  # elastic restarts
+        self.best_loss = math.inf
         console.setup_logging(self.workers.rank, self.chief)
 
     # -- the loop -----------------------------------------------------------------------
@@ -256,11 +260,12 @@ class _Fit:
         self._check_resume()  # before anything is written: a refused resume changes nothing
         if self.chief:
             rundir.prepare(self.run_dir, self.cfg)
-        self.workers.barrier()
+        if not self.elastic:  # elastic: no collective before the elastic loop (joiners sync)
+            self.workers.barrier()
         self.checkpoints = _Checkpoints(self.t, self.run_dir)
         previous = self._restore()
-        start_epoch, start_step = int(self.t.epoch.numpy()), int(self.t.step_in_epoch.numpy())
-        if start_epoch >= self.tc.epochs:
+        self.t.resize()  # a checkpoint of a run that had another worker count (elastic)
+        if int(self.t.epoch.numpy()) >= self.tc.epochs:
             return self._info("finished", previous.info.get("metrics") if previous else None)
         self.summaries = _Summaries(self.t, self.run_dir)
         if self.workers.shares_cores:
@@ -272,34 +277,23 @@ class _Fit:
                 + "): more ranks than cores add no speed"
             )
         if previous is None:
-            self.summaries.start(start_epoch)
-        meter = EnergyMeter(
+            self.summaries.start(int(self.t.epoch.numpy()))
+        self.meter = EnergyMeter(
             self.cfg.scaling,
             devices=self.workers.local_replicas,
             local_rank=self.workers.local_rank,
             local_size=self.workers.local_size,
         )
-        meter.start()
+        self.meter.start()
         self.best_loss = min((e.val["loss"] for e in self.prior_epochs if e.val), default=math.inf)
-        self.global_step = start_epoch * self.t.steps_per_epoch + start_step
         if self.tc.stop_after_steps:
-            self.stop_at = self.global_step + self.tc.stop_after_steps
-        stopped = False
+            self.stop_at = int(self.t.optimizer.step.numpy()) + self.tc.stop_after_steps
         self.compile_s = self.t.compile()
         try:
             with self.signals:
-                clock = PartClock()
-                for epoch in range(start_epoch, self.tc.epochs):
-                    first = start_step if epoch == start_epoch else 0
-                    stopped = self._epoch(epoch, first, clock)
-                    if stopped:
-                        break
-                    clock = PartClock()  # the next epoch's interval starts here
-                    with clock.part("records_s"):
-                        self._write_records("running", epoch)
-                    if self._stop_due() and epoch + 1 < self.tc.epochs:
-                        stopped = True
-                        break
+                if self.elastic:
+                    return elastic.run(self, self._train)
+                return self._train()
         except BaseException:
             # No collective here: another rank may already be gone. Rank 0 keeps its own records.
             if self.chief:
@@ -310,7 +304,39 @@ class _Fit:
                     self.prior_epochs + self.epochs,
                 )
             raise
-        return self._finish(meter, stopped)
+
+    def _train(self) -> dict[str, Any]:
+        """The epochs from the position the trainer holds, then the run's end. Elastic
+        training calls it again after every restart, from the last commit."""
+        self.t.resize()  # elastic: the position may have come from rank 0 since
+        start_epoch, start_step = int(self.t.epoch.numpy()), int(self.t.step_in_epoch.numpy())
+        self.global_step = int(self.t.optimizer.step.numpy())
+        stopped = False
+        clock = PartClock()
+        for epoch in range(start_epoch, self.tc.epochs):
+            first = start_step if epoch == start_epoch else 0
+            stopped = self._epoch(epoch, first, clock)
+            if stopped:
+                break
+            clock = PartClock()  # the next epoch's interval starts here
+            with clock.part("records_s"):
+                self._write_records("running", epoch)
+                self.commit()  # elastic: workers that joined start here
+            if self._stop_due() and epoch + 1 < self.tc.epochs:
+                stopped = True
+                break
+        return self._finish(stopped)
+
+    def follow_workers(self) -> None:
+        """After an elastic restart: the trainer, the chief and its outputs follow the new
+        worker set (the old chief may be gone)."""
+        self.t.resize()
+        chief = self.workers.is_chief
+        console.setup_logging(self.workers.rank, chief)
+        if chief != self.chief:
+            self.chief = chief
+            self.summaries.close()
+            self.summaries = _Summaries(self.t, self.run_dir)
 
     def _epoch(self, epoch: int, first: int, clock: PartClock) -> bool:
         """Trains one epoch from step ``first``; records it unless stopped. True: stopped."""
@@ -436,6 +462,7 @@ class _Fit:
             edges=tally.my_edges,
             train_loss=float(np.mean(tally.losses)) if tally.losses else float("nan"),
             val=dict(val) if val else None,
+            workers=self.workers.num_replicas,
             **clock.parts,
         )
 
@@ -501,6 +528,7 @@ class _Fit:
             edge_imbalance=self.t.edge_imbalance,
             stopped_by="signal" if self.preempted and status == "stopped" else None,
             dataset_digest=self.t.dataset_digest,
+            elastic_resets=list(self.resets) if self.elastic else None,
             **described,
         )
 
@@ -526,7 +554,9 @@ class _Fit:
             if resume and (self.run_dir / timing.RUN_INFO_FILE).exists()
             else None
         )
-        restored = self.t.restore(self.checkpoints.directory if resume else None)
+        restored = self.t.restore(
+            self.checkpoints.directory if resume else None, broadcast=not self.elastic
+        )
         if not restored:
             return None
         if previous is not None:
@@ -539,8 +569,8 @@ class _Fit:
             self.started = previous.info.get("started") or self.started
         return previous
 
-    def _finish(self, meter: EnergyMeter, stopped: bool) -> dict[str, Any]:
-        reading = meter.stop()
+    def _finish(self, stopped: bool) -> dict[str, Any]:
+        reading = self.meter.stop()
         energy = dataclasses.asdict(reading)
         energy["joules"] = float(self.workers.allreduce_host(np.array([reading.joules]))[0])
         info = self._write_records("stopped" if stopped else "finished", None, energy)

@@ -24,6 +24,9 @@ class Schedule:
       total_steps: steps of the whole run; decay runs from the end of warm-up to here.
       decay: "none", "cosine" (to ``min_fraction * peak``) or "exponential" (to
         ``decay_rate * peak`` at ``total_steps``, floored at ``min_fraction * peak``).
+      offset: added to the optimizer's step counter before the schedule reads it. 0 unless the
+        worker count changed during the run (elastic training): steps per epoch change with it,
+        and the offset keeps the schedule where the run is in its epochs.
     """
 
     peak: float
@@ -33,9 +36,10 @@ class Schedule:
     decay_rate: float = 0.1
     min_fraction: float = 0.01
     warmup_start_divisor: float = 1.0
+    offset: int = 0
 
     def __call__(self, step: tf.Tensor) -> tf.Tensor:
-        step = tf.cast(step, tf.float32)
+        step = tf.cast(step + self.offset, tf.float32)
         peak = tf.constant(self.peak, tf.float32)
         warm = float(max(self.warmup_steps, 0))
         start = self.peak / self.warmup_start_divisor

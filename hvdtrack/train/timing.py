@@ -124,6 +124,8 @@ class EpochRecord:
       checkpoint_s: saving checkpoints, including the barrier after a save.
       summaries_s: TensorBoard summaries, progress and console lines.
       records_s: gathering and writing the previous epoch's timing records.
+      workers: data-parallel workers that ran the epoch (elastic runs change it; None in
+        records written before it was kept).
     """
 
     epoch: int
@@ -143,6 +145,7 @@ class EpochRecord:
     checkpoint_s: float
     summaries_s: float
     records_s: float
+    workers: Optional[int] = None
 
     @property
     def rest_s(self) -> float:

@@ -74,36 +74,8 @@ class Trainer:
         table = self.manifest.split_table("train", str(self.dataset_dir))
         self.train_edges = np.asarray(table.num_edges)
         tc, dc = config.train, config.distributed
-        self.global_batch = (
-            tc.batch_graphs * self.workers.num_replicas * dc.backward_passes_per_step
-        )
         self._plan: EpochPlan | None = None
-        first_plan = self.plan(0)
-        self.edge_imbalance = first_plan.mean_imbalance  # max/mean edges per worker per step
-        self.steps_per_epoch = first_plan.num_steps // dc.backward_passes_per_step
-        if tc.max_steps_per_epoch is not None:
-            self.steps_per_epoch = min(self.steps_per_epoch, tc.max_steps_per_epoch)
-        if self.steps_per_epoch < 1:
-            raise DataError(
-                f"{self.dataset_dir}: {len(self.train_edges)} training graphs give no full step of "
-                f"{self.global_batch} graphs ({tc.batch_graphs} per worker x "
-                f"{self.workers.num_replicas} workers x {dc.backward_passes_per_step} passes); "
-                "prepare more events or lower train.batch_graphs"
-            )
-        self.learning_rate = scaled_learning_rate(
-            tc.learning_rate, self.workers.num_replicas, tc.lr_scaling
-        )
-        schedule = Schedule(
-            peak=self.learning_rate,
-            warmup_steps=int(round(tc.warmup_epochs * self.steps_per_epoch)),
-            total_steps=tc.epochs * self.steps_per_epoch,
-            decay=tc.decay,
-            decay_rate=tc.decay_rate,
-            min_fraction=tc.min_learning_rate_fraction,
-            warmup_start_divisor=float(self.workers.num_replicas)
-            if tc.lr_scaling != "none"
-            else 1.0,
-        )
+        schedule = self._fit_to_workers()  # steps per epoch, learning rate, ... for the workers
         self.graph_spec, self.label_spec = pipeline.input_signature()
         # Different initial weights per rank: the broadcast below, not the seed, makes them equal.
         tf.random.set_seed(tc.seed + 1000 * self.workers.rank)
@@ -132,6 +104,60 @@ class Trainer:
             step_in_epoch=self.step_in_epoch,
         )
         self._build_steps()
+
+    def _fit_to_workers(self) -> Schedule:
+        """Sets what follows from the worker count (global batch, the epoch plan, steps per
+        epoch, learning rate) and returns the learning-rate schedule for it."""
+        tc, dc = self.config.train, self.config.distributed
+        workers = self.workers.num_replicas
+        self.global_batch = tc.batch_graphs * workers * dc.backward_passes_per_step
+        self._plan = None
+        first_plan = self.plan(0)
+        self.edge_imbalance = first_plan.mean_imbalance  # max/mean edges per worker per step
+        self.steps_per_epoch = first_plan.num_steps // dc.backward_passes_per_step
+        if tc.max_steps_per_epoch is not None:
+            self.steps_per_epoch = min(self.steps_per_epoch, tc.max_steps_per_epoch)
+        if self.steps_per_epoch < 1:
+            raise DataError(
+                f"{self.dataset_dir}: {len(self.train_edges)} training graphs give no full step of "
+                f"{self.global_batch} graphs ({tc.batch_graphs} per worker x "
+                f"{workers} workers x {dc.backward_passes_per_step} passes); "
+                "prepare more events or lower train.batch_graphs"
+            )
+        self.learning_rate = scaled_learning_rate(tc.learning_rate, workers, tc.lr_scaling)
+        return Schedule(
+            peak=self.learning_rate,
+            warmup_steps=int(round(tc.warmup_epochs * self.steps_per_epoch)),
+            total_steps=tc.epochs * self.steps_per_epoch,
+            decay=tc.decay,
+            decay_rate=tc.decay_rate,
+            min_fraction=tc.min_learning_rate_fraction,
+            warmup_start_divisor=float(workers) if tc.lr_scaling != "none" else 1.0,
+        )
+
+    def resize(self) -> bool:
+        """Follows a change of the worker count (elastic training) or a state restored from a
+        run with another one: re-plans, rescales the learning rate, continues the schedule at
+        the epoch position the state holds, and recompiles the step. True when anything changed.
+        """
+        schedule = self._fit_to_workers()
+        position = int(self.epoch.numpy()) * self.steps_per_epoch + int(self.step_in_epoch.numpy())
+        schedule = dataclasses.replace(schedule, offset=position - int(self.optimizer.step.numpy()))
+        if schedule == self.optimizer.schedule:
+            return False
+        self.optimizer.schedule = schedule
+        self._build_steps()
+        self.compile()
+        return True
+
+    def state_variables(self) -> list[tf.Variable]:
+        """Everything a worker needs to continue the run: weights, Adam, position."""
+        return (
+            self.variables
+            + self.optimizer.m
+            + self.optimizer.v
+            + [self.optimizer.step, self.epoch, self.step_in_epoch]
+        )
 
     # ----------------------------------------------------------------------------- planning
     def plan(self, epoch: int) -> EpochPlan:
@@ -360,9 +386,10 @@ class Trainer:
         return result
 
     # ----------------------------------------------------------------------------- training
-    def restore(self, directory: Path | None) -> str | None:
+    def restore(self, directory: Path | None, broadcast: bool = True) -> str | None:
         """Restores the newest checkpoint under ``directory`` (None: none), then makes every
-        replica hold rank 0's values; returns the checkpoint's path or None."""
+        replica hold rank 0's values (unless ``broadcast`` is False: elastic training syncs
+        its workers itself); returns the checkpoint's path or None."""
         latest = tf.train.latest_checkpoint(str(directory)) if directory is not None else None
         if latest:
             try:
@@ -376,12 +403,8 @@ class Trainer:
         # Whatever each rank holds now, rank 0's values win (fresh start: the random init).
         # The position to resume from too: a rank that read another checkpoint (a stale
         # shared-filesystem cache) would otherwise run other steps and hang the collectives.
-        self.workers.broadcast_variables(
-            self.variables
-            + self.optimizer.m
-            + self.optimizer.v
-            + [self.optimizer.step, self.epoch, self.step_in_epoch]
-        )
+        if broadcast:
+            self.workers.broadcast_variables(self.state_variables())
         return latest
 
     def batches(self, epoch: int, first_step: int) -> Iterator[list[tuple[Any, tf.Tensor]]]:

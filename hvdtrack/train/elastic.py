@@ -1,0 +1,177 @@
+"""Elastic Horovod: a run that goes on when workers leave and takes in workers that join.
+
+horovodrun starts an elastic job when given a range of workers and a host discovery script
+(Gloo only; the script prints ``host:slots`` lines, one per host that may be used now)::
+
+    horovodrun -np 2 --min-np 1 --max-np 4 --host-discovery-script ./hosts.sh \\
+        python -m hvdtrack.train distributed.strategy=horovod
+
+It sets ``HOROVOD_ELASTIC=1`` in every worker, and the training loop then runs its epochs
+inside Horovod's elastic driver loop (``horovod.common.elastic.run_fn``):
+
+* The state is committed at the end of every epoch, after its checkpoint and records: weights,
+  Adam's moments and step, the epoch position, and the run's records, copied to host memory.
+  The commit also asks the driver whether hosts changed: a worker added joins there, at the
+  start of the next epoch.
+* A worker that fails (killed, its host gone) makes the collectives of the others fail. They
+  go back to the last commit, Horovod restarts on the workers that are left (no fewer than
+  ``--min-np``), and the interrupted epoch runs again on them, from its first step.
+* After every restart the trainer follows the new worker count (``Trainer.resize``): a new
+  epoch plan, steps per epoch and global batch, the learning rate scaled for the new count,
+  the schedule continued at the same point of the run's epochs, the step compiled again.
+  Workers that joined get the state and the records from rank 0.
+
+Commits are per epoch because an epoch's plan assigns its graphs to a given number of workers:
+resuming mid-epoch on another number would skip or repeat graphs (the resume check refuses
+the same thing for a restarted job). The price is that a failure loses the epoch in progress.
+Every epoch record says how many workers ran it, and ``run.json`` lists the restarts
+(``elastic_resets``).
+
+Public symbols: ``is_elastic``, ``run``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from typing import Any, Callable
+
+import tensorflow as tf
+
+from hvdtrack.train import console, timing
+
+log = logging.getLogger(console.LOGGER_NAME)
+
+
+def is_elastic(strategy: str) -> bool:
+    """True when this Horovod worker was started by an elastic horovodrun."""
+    return strategy == "horovod" and os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
+def run(fit, train: Callable[[], Any]) -> Any:
+    """Runs ``train`` (the epochs of ``fit``, a ``loop._Fit``) under Horovod's elastic driver
+    loop, restarting it from the last commit whenever workers leave or join."""
+    import horovod.tensorflow as hvd
+    from horovod.common.elastic import run_fn
+    from horovod.common.exceptions import HorovodInternalError
+
+    def attempt(state):
+        try:
+            return train()
+        except tf.errors.OpError as err:
+            # A collective whose peer is gone. Horovod's own wrapper looks for op names that
+            # miss the grouped allreduce of the step and swallows any other error.
+            if "Horovod" in str(err) or "Gloo" in str(err):
+                raise HorovodInternalError(err) from err
+            raise
+
+    def reset():
+        hvd.shutdown()
+        hvd.init()
+
+    return run_fn(attempt, reset)(_RunState(fit, hvd))
+
+
+@dataclasses.dataclass
+class _Records:
+    """The run's records at a commit (every rank holds all of them)."""
+
+    steps: list
+    epochs: list
+    graphs_done: int
+    edges_done: int
+    val_metrics: dict
+    best_loss: float
+
+
+class _RunState:
+    """The state Horovod's elastic loop keeps: ``save`` at a commit, ``restore`` after a
+    failure, ``reset`` once Horovod restarted, ``sync`` from rank 0 before training again.
+
+    Horovod's ``TensorFlowState`` does not broadcast variables in eager mode, and would not
+    carry the records; this is the same protocol (``horovod.common.elastic.State``) for the
+    trainer.
+    """
+
+    def __init__(self, fit, hvd):
+        from horovod.common.elastic import State
+
+        self.fit, self.hvd = fit, hvd
+        # The notification plumbing (host updates from the driver) is the base class's.
+        self._base = State(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
+        self.workers_at_commit = fit.workers.num_replicas
+        self.save()
+        fit.commit = self.commit
+
+    # horovod.common.elastic.State's interface, as run_fn and the notification manager call it
+    def on_hosts_updated(self, timestamp, update_res):
+        self._base.on_hosts_updated(timestamp, update_res)
+
+    def on_reset(self):
+        self._base._host_messages = type(self._base._host_messages)()
+        self.reset()
+
+    def commit(self) -> None:
+        self.save()
+        self._base.check_host_updates()  # raises HostsUpdatedInterrupt on every rank alike
+
+    def save(self) -> None:
+        fit = self.fit
+        self._values = [v.numpy() for v in fit.t.state_variables()]
+        self._records = _Records(
+            list(fit.prior_steps),
+            list(fit.prior_epochs),
+            fit.graphs_done,
+            fit.edges_done,
+            dict(fit.val_metrics),
+            fit.best_loss,
+        )
+        self.saved_at = time.monotonic()
+        self.workers_at_commit = fit.workers.num_replicas
+
+    def restore(self) -> None:
+        for var, value in zip(self.fit.t.state_variables(), self._values):
+            var.assign(value)
+        self._adopt(self._records)
+        self.fit.steps, self.fit.epochs = [], []  # of the interrupted epoch: it runs again
+
+    def reset(self) -> None:
+        fit, hvd = self.fit, self.hvd
+        workers = fit.workers
+        before = workers.num_replicas
+        workers.rank, workers.num_processes = hvd.rank(), hvd.size()
+        workers.local_rank, workers.local_size = hvd.local_rank(), hvd.local_size()
+        fit.follow_workers()
+        lost = time.monotonic() - self.saved_at
+        fit.resets.append(
+            {
+                "epoch": int(fit.t.epoch.numpy()),
+                "workers_before": before,
+                "workers_after": workers.num_replicas,
+                "since_commit_s": round(lost, 3),
+            }
+        )
+        log.warning(
+            f"elastic restart: {before} -> {workers.num_replicas} workers; training again "
+            f"from the start of epoch {int(fit.t.epoch.numpy()) + 1} "
+            f"({lost:.1f} s since the last commit)"
+        )
+
+    def sync(self) -> None:
+        """Every worker takes rank 0's state and records (a worker that joined has neither)."""
+        fit = self.fit
+        fit.workers.broadcast_variables(fit.t.state_variables())
+        mine = dataclasses.asdict(self._records) if fit.workers.is_chief else None
+        records = self.hvd.broadcast_object(mine, root_rank=0, name="elastic_records")
+        records["steps"] = [timing.StepRecord(**r) for r in records["steps"]]
+        records["epochs"] = [timing.EpochRecord(**r) for r in records["epochs"]]
+        self._adopt(_Records(**records))
+        self.save()
+
+    def _adopt(self, records: _Records) -> None:
+        fit = self.fit
+        fit.prior_steps, fit.prior_epochs = list(records.steps), list(records.epochs)
+        fit.graphs_done, fit.edges_done = records.graphs_done, records.edges_done
+        fit.val_metrics, fit.best_loss = dict(records.val_metrics), records.best_loss
