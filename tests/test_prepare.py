@@ -137,7 +137,9 @@ def test_a_missing_or_truncated_shard_makes_the_dataset_stale(tmp_path, capsys):
     shard = tmp_path / "data/train-00000-of-00003.tfrecord"
     shard.unlink()
     assert not up_to_date(config)
-    assert stale_reason(config).startswith("shard train-00000-of-00003.tfrecord is missing from")
+    assert stale_reason(config).startswith(
+        f"shard train-00000-of-00003.tfrecord of split 'train' is missing from {tmp_path / 'data'}"
+    )
     capsys.readouterr()
     prepare_dataset(config, progress=False)
     assert "rebuilding" in capsys.readouterr().out and shard.is_file() and up_to_date(config)

@@ -24,9 +24,11 @@ senders/receivers int32 [sum E] (offset into the merged nodes), globals float32 
 [num_graphs, 1], n_node/n_edge int32 [num_graphs], labels float32 [sum E]. ``input_signature()``
 describes them with dynamic sizes, so one ``tf.function`` trace serves every batch.
 
-TensorFlow reports a damaged shard as a DataLossError that does not name the file, and a record
-of another schema version as an InvalidArgumentError; iterate through ``iterate_batches`` or
-inside ``read_errors_as_data_error`` to get a DataError naming the shard instead.
+Both check, when built, that the split holds graphs and its shard files are all there with the
+manifest's sizes (``records.check_splits``). TensorFlow reports a damaged shard as a DataLossError
+that names neither file nor record, and a record of another schema version as an
+InvalidArgumentError; iterate through ``iterate_batches`` or inside ``read_errors_as_data_error``
+to get a DataError naming the shard and record instead.
 
 Random-access datasets build their readers from a raw TFRecordDatasetV2 op (the public
 ``tf.data.TFRecordDataset`` cannot seek); TensorFlow cannot serialize that op, so their
@@ -52,9 +54,9 @@ from graph_nets import utils_tf
 
 from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.inputs.balance import EpochPlan, plan_epoch
-from hvdtrack.records.manifest import Manifest, SplitTable, verify_checksums
+from hvdtrack.records.manifest import Manifest, SplitTable, check_splits, shard_problem
 from hvdtrack.records.schema import EDGE_FEATURE_SIZE, NODE_FEATURE_SIZE, parse_example_batch
-from hvdtrack.records.shards import index_shard_records
+from hvdtrack.records.shards import first_unreadable_record, index_shard_records
 
 TRAIN_FIELDS = ("nodes", "edges", "senders", "receivers", "labels")
 _READ_BUFFER_BYTES = 4 << 20
@@ -145,14 +147,15 @@ def train_dataset(
     Raises:
       ConfigError: when a plan was not made for this split, plans differ in batch_graphs or
         num_workers, or for a bad worker.
-      DataError: for an empty split, or (random access) a shard whose records do not match the
-        manifest.
+      DataError: for an empty split, a missing or wrongly sized shard, or (random access) a
+        shard whose records do not match the manifest.
     """
     plans = [plan] if isinstance(plan, EpochPlan) else list(plan)
     if not plans or len({(p.num_workers, p.batch_graphs) for p in plans}) != 1:
         raise ConfigError(
             "train_dataset needs one or more plans with equal num_workers and batch_graphs"
         )
+    check_splits(manifest, dataset_dir, [split])
     table = manifest.split_table(split, str(dataset_dir))
     for each in plans:
         _check_plan(each, table, manifest, dataset_dir, split)
@@ -208,13 +211,14 @@ def eval_dataset(
 
     Raises:
       ConfigError: for a worker outside [0, num_workers) or batch_graphs < 1.
-      DataError: for an empty split.
+      DataError: for an empty split or a missing or wrongly sized shard.
     """
     if not 0 <= worker < num_workers or batch_graphs < 1:
         raise ConfigError(
             f"worker {worker} of {num_workers} workers with batch_graphs {batch_graphs}: need "
             "0 <= worker < num_workers and batch_graphs >= 1"
         )
+    check_splits(manifest, dataset_dir, [split])
     table = manifest.split_table(split, str(dataset_dir))
     first = worker * table.num_graphs // num_workers
     last = (worker + 1) * table.num_graphs // num_workers
@@ -297,7 +301,8 @@ def read_errors_as_data_error(
 
     A DataLossError (truncated or corrupt record) or a record that cannot be parsed does not
     say which file it came from: the shards are then checked against the manifest's sizes and
-    checksums to name the bad one. An InvalidArgumentError carrying the schema-version message
+    checksums to name the bad one, which is read again to name its first unreadable record.
+    An InvalidArgumentError carrying the schema-version message
     becomes a DataError with that message. Other errors pass unchanged.
     """
     try:
@@ -446,12 +451,16 @@ def _record_offsets(dataset_dir: Path, table: SplitTable) -> np.ndarray:
 def _damaged_shard_error(
     dataset_dir: str | os.PathLike, manifest: Optional[Manifest], err: Exception
 ) -> DataError:
+    """Names the shard (by size and checksum) and its first unreadable record, which
+    TensorFlow's error does not."""
     text = getattr(err, "message", str(err)).split("}} ", 1)[-1].split(" [Op:", 1)[0].strip()
-    if manifest is not None:
-        try:
-            verify_checksums(manifest, dataset_dir)
-        except DataError as named:
-            return DataError(f"reading failed ({text}): {named}")
+    for shard in manifest.shards if manifest is not None else ():
+        problem = shard_problem(shard, dataset_dir, checksum=True)
+        if problem is not None:
+            path = Path(dataset_dir) / shard.file
+            record = first_unreadable_record(path, manifest.compression) if path.is_file() else None
+            at = "" if record is None else f" at record {record} of {shard.file}"
+            return DataError(f"reading failed{at} ({text}): {problem}")
     return DataError(
         f"a shard of {dataset_dir} is truncated or corrupt ({text}) - check it with "
         "open_dataset(verify=True) or re-run hvdtrack prepare"

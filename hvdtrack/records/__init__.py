@@ -10,6 +10,7 @@ from hvdtrack.records.manifest import (
     Manifest,
     ShardInfo,
     check_shard_files,
+    check_splits,
     open_dataset,
     verify_checksums,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "RecordsConfig",
     "ShardInfo",
     "check_shard_files",
+    "check_splits",
     "encode_graph",
     "example_to_graph",
     "graph_to_example",

@@ -7,8 +7,8 @@ index within the shard, event_id, section, num_nodes, num_edges, num_true_edges)
 from the manifest alone; shards are opened only to read graphs.
 
 Public symbols: ``MANIFEST_NAME``, ``FORMAT_NAME``, ``ShardInfo``, ``GraphInfo``, ``GraphEntry``,
-``SplitTable``, ``Manifest``, ``shard_file_name``, ``check_shard_files``, ``verify_checksums``,
-``open_dataset``, ``sha256_of_file``.
+``SplitTable``, ``Manifest``, ``shard_file_name``, ``shard_problem``, ``check_shard_files``,
+``verify_checksums``, ``check_splits``, ``open_dataset``, ``sha256_of_file``.
 """
 
 from __future__ import annotations
@@ -183,11 +183,7 @@ class Manifest:
         """
         rows = [g for g in self.graphs if g.split == split]
         if not rows:
-            have = ", ".join(f"'{s}'" for s in self.splits if self.num_graphs(s)) or "none"
-            raise DataError(
-                f"{dataset} has no graphs in split '{split}' (splits with graphs: {have}) - "
-                f"prepare the dataset with a non-empty '{split}' split or pick another split"
-            )
+            raise DataError(_empty_split_message(self, split, dataset))
         columns = {
             name: np.array([getattr(g, name) for g in rows], dtype=np.int64)
             for name in (
@@ -401,27 +397,41 @@ def sha256_of_file(path: str | os.PathLike) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def shard_problem(
+    shard: ShardInfo, dataset_dir: str | os.PathLike, checksum: bool = False
+) -> Optional[str]:
+    """What is wrong with a shard file: missing, not the manifest's size or (with ``checksum``,
+    which reads every byte) not its sha256. None when nothing is."""
+    path = Path(dataset_dir) / shard.file
+    where = f"shard {shard.file} of split '{shard.split}'"
+    if not path.is_file():
+        return f"{where} is missing from {dataset_dir} - {_PREPARE}"
+    size = path.stat().st_size
+    if size != shard.num_bytes:
+        return (
+            f"{where} in {dataset_dir} is {size} bytes but the manifest says "
+            f"{shard.num_bytes}: it is truncated or was changed - {_PREPARE}"
+        )
+    if checksum:
+        digest = sha256_of_file(path)
+        if digest != shard.sha256:
+            return (
+                f"{where} in {dataset_dir} does not match its checksum in the manifest "
+                f"(sha256 {digest[:12]}... instead of {shard.sha256[:12]}...): the file was "
+                f"changed or damaged - {_PREPARE}"
+            )
+    return None
+
+
 def check_shard_files(
     manifest: Manifest, dataset_dir: str | os.PathLike, splits: Optional[Iterable[str]] = None
 ) -> None:
     """Checks that every shard (of ``splits``, default all) exists with the manifest's size.
 
     Raises:
-      DataError: naming the missing or wrongly sized (truncated) shard.
+      DataError: naming the missing or wrongly sized (truncated) shard, its split and directory.
     """
-    wanted = set(manifest.splits if splits is None else splits)
-    for shard in manifest.shards:
-        if shard.split not in wanted:
-            continue
-        path = Path(dataset_dir) / shard.file
-        if not path.is_file():
-            raise DataError(f"shard {shard.file} is missing from {dataset_dir} - {_PREPARE}")
-        size = path.stat().st_size
-        if size != shard.num_bytes:
-            raise DataError(
-                f"shard {shard.file} in {dataset_dir} is {size} bytes but the manifest says "
-                f"{shard.num_bytes}: it is truncated or was changed - {_PREPARE}"
-            )
+    _raise_first_problem(manifest, dataset_dir, splits, checksum=False)
 
 
 def verify_checksums(
@@ -433,24 +443,30 @@ def verify_checksums(
       DataError: naming the first shard that is missing, of the wrong size or whose checksum
         does not match.
     """
+    check_shard_files(manifest, dataset_dir, splits)  # every size first: no hashing in vain
+    _raise_first_problem(manifest, dataset_dir, splits, checksum=True)
+
+
+def check_splits(manifest: Manifest, dataset_dir: str | os.PathLike, splits: Iterable[str]) -> None:
+    """Refuses, before anything is read, a split of ``splits`` that holds no graphs or whose
+    shard files are missing or of the wrong size (a training run needs train, and val to
+    validate: an empty or broken one would otherwise fail only when first read, an epoch in).
+
+    Raises:
+      DataError: naming the dataset directory, the split and (for a shard) the file.
+    """
+    splits = list(splits)
+    for split in splits:
+        if not manifest.num_graphs(split):
+            raise DataError(_empty_split_message(manifest, split, str(dataset_dir)))
     check_shard_files(manifest, dataset_dir, splits)
-    wanted = set(manifest.splits if splits is None else splits)
-    for shard in manifest.shards:
-        if shard.split not in wanted:
-            continue
-        digest = sha256_of_file(Path(dataset_dir) / shard.file)
-        if digest != shard.sha256:
-            raise DataError(
-                f"shard {shard.file} in {dataset_dir} does not match its checksum in the manifest "
-                f"(sha256 {digest[:12]}... instead of {shard.sha256[:12]}...): the file was changed "
-                f"or damaged - {_PREPARE}"
-            )
 
 
 def open_dataset(
     dataset_dir: str | os.PathLike,
     verify: bool = True,
     splits: Optional[Iterable[str]] = None,
+    required: Sequence[str] = (),
 ) -> Manifest:
     """Loads a dataset's manifest and checks its shards; call once before reading.
 
@@ -459,19 +475,45 @@ def open_dataset(
       verify: also compare every shard's sha256 with the manifest (reads all bytes once);
         without it only presence and sizes are checked.
       splits: only check the shards of these splits (default: all).
+      required: splits that must hold graphs (``check_splits``), e.g. train and val for training.
 
     Returns:
       The validated ``Manifest``.
 
     Raises:
-      DataError: see ``Manifest.load``, ``check_shard_files`` and ``verify_checksums``.
+      DataError: see ``Manifest.load``, ``check_splits``, ``check_shard_files`` and
+        ``verify_checksums``.
     """
     manifest = Manifest.load(dataset_dir)
+    check_splits(manifest, dataset_dir, required)
     if verify:
         verify_checksums(manifest, dataset_dir, splits)
     else:
         check_shard_files(manifest, dataset_dir, splits)
     return manifest
+
+
+def _raise_first_problem(
+    manifest: Manifest,
+    dataset_dir: str | os.PathLike,
+    splits: Optional[Iterable[str]],
+    checksum: bool,
+) -> None:
+    wanted = set(manifest.splits if splits is None else splits)
+    for shard in manifest.shards:
+        if shard.split not in wanted:
+            continue
+        problem = shard_problem(shard, dataset_dir, checksum)
+        if problem is not None:
+            raise DataError(problem)
+
+
+def _empty_split_message(manifest: Manifest, split: str, dataset: str) -> str:
+    have = ", ".join(f"'{s}'" for s in manifest.splits if manifest.num_graphs(s)) or "none"
+    return (
+        f"{dataset} has no graphs in split '{split}' (splits with graphs: {have}) - "
+        f"prepare the dataset with a non-empty '{split}' split or pick another split"
+    )
 
 
 def _json_rows(rows: list[dict]) -> list[str]:

@@ -18,7 +18,7 @@ TensorFlow and the single writer in the parent only appends bytes::
 
 Public symbols: ``RecordsConfig``, ``EncodedGraph``, ``encode_graph``, ``split_events``,
 ``DatasetWriter``, ``write_shards``, ``write_dataset``, ``index_shard_records``,
-``read_shard_examples``, ``read_split_graphs``.
+``read_shard_examples``, ``first_unreadable_record``, ``read_split_graphs``.
 """
 
 from __future__ import annotations
@@ -370,19 +370,36 @@ def read_shard_examples(path: str | os.PathLike, compression: str = "none") -> I
     """Yields the serialized records of one shard file (eagerly, with TensorFlow).
 
     Raises:
-      DataError: naming the file when it is truncated or corrupt.
+      DataError: naming the file and the first record that cannot be read when it is
+        truncated or corrupt.
     """
     import tensorflow as tf
 
     dataset = tf.data.TFRecordDataset(
         str(path), compression_type="GZIP" if compression == "gzip" else ""
     )
+    record = 0
     try:
-        yield from dataset.as_numpy_iterator()
+        for example in dataset.as_numpy_iterator():
+            yield example
+            record += 1
     except (tf.errors.DataLossError, tf.errors.NotFoundError) as err:
         raise DataError(
-            f"shard {Path(path).name} is truncated or corrupt ({_tf_message(err)})"
+            f"shard {Path(path).name}: record {record} cannot be read, the file is truncated or "
+            f"corrupt ({_tf_message(err)}) - {_PREPARE}"
         ) from None
+
+
+def first_unreadable_record(path: str | os.PathLike, compression: str = "none") -> Optional[int]:
+    """Index of the first record of a shard file that cannot be read (None: all can): what a
+    reader that failed without saying where (tf.data's DataLossError) leaves to find out."""
+    readable = 0
+    try:
+        for _ in read_shard_examples(path, compression):
+            readable += 1
+    except DataError:
+        return readable
+    return None
 
 
 def read_split_graphs(

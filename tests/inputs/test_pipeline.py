@@ -17,7 +17,7 @@ from hvdtrack.inputs.pipeline import (
 )
 from hvdtrack.records import RecordsConfig, encode_graph, open_dataset, write_dataset
 from hvdtrack.records.manifest import GraphInfo
-from hvdtrack.records.shards import EncodedGraph
+from hvdtrack.records.shards import EncodedGraph, index_shard_records
 
 
 @pytest.fixture(scope="module", params=["none", "gzip"])
@@ -195,37 +195,63 @@ def write_small(tmp_path, make_graph, compression="none", extra=()):
 
 
 @pytest.mark.parametrize("compression", ["none", "gzip"])
-def test_truncated_shard_read_without_checks_is_a_data_error_naming_it(
+def test_truncated_shard_read_without_checks_is_a_data_error_naming_file_and_record(
     tmp_path, make_graph, compression
 ):
     manifest = write_small(tmp_path, make_graph, compression)
     victim = tmp_path / manifest.shards[1].file
-    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
-    data = eval_dataset(tmp_path, manifest, "train", 0, 1, 2)
-    with pytest.raises(DataError, match=rf"{victim.name} in .* is \d+ bytes but the manifest says"):
+    data = eval_dataset(tmp_path, manifest, "train", 0, 1, 2)  # built while the sizes were right
+    victim.write_bytes(victim.read_bytes()[: manifest.shards[1].num_bytes // 2])
+    with pytest.raises(
+        DataError, match=rf"shard {victim.name} of split 'train' in .* is \d+ bytes"
+    ):
+        eval_dataset(tmp_path, manifest, "train", 0, 1, 2)  # now refused before reading
+    # Uncompressed: records 0..2 of equal size, cut in half -> record 1 is the first cut short.
+    record = "1" if compression == "none" else r"\d"
+    with pytest.raises(
+        DataError,
+        match=rf"reading failed at record {record} of {victim.name} \(.*\): shard {victim.name} "
+        rf"of split 'train' in {tmp_path} is \d+ bytes but the manifest says",
+    ):
         list(iterate_batches(data, tmp_path, manifest))
 
 
-def test_changed_shard_read_without_checks_is_a_data_error_naming_it(tmp_path, make_graph):
+def flip_byte_in_record(path, record):
+    """Changes one byte in the data of ``record`` (an uncompressed shard): same size, bad CRC."""
+    offset = int(index_shard_records(path)[record]) + 12 + 5  # past length + its CRC
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("random_access", [True, False])
+def test_changed_shard_bytes_are_a_data_error_naming_file_and_record(
+    tmp_path, make_graph, random_access
+):
     manifest = write_small(tmp_path, make_graph)
-    victim = tmp_path / manifest.shards[0].file
-    data = bytearray(victim.read_bytes())
-    data[40] ^= 0x01
-    victim.write_bytes(bytes(data))
+    victim = tmp_path / manifest.shards[1].file
+    flip_byte_in_record(victim, 2)
     with pytest.raises(DataError, match=rf"shard {victim.name} .* does not match its checksum"):
         open_dataset(tmp_path)
-    plan = plan_train_epoch(
-        open_dataset(tmp_path, verify=False), 1, 6, seed=0, epoch=0, random_access=False
-    )
+    unchecked = open_dataset(tmp_path, verify=False)  # same size: only reading can tell
+    plan = plan_train_epoch(unchecked, 1, 6, seed=0, epoch=0, random_access=random_access)
     with pytest.raises(
-        DataError, match=rf"reading failed \(corrupted record at \d+\): shard {victim.name}"
+        DataError,
+        match=rf"^reading failed at record 2 of {victim.name} \(corrupted record at \d+\): "
+        rf"shard {victim.name} of split 'train' in {tmp_path} does not match its checksum",
     ):
-        list(iterate_batches(train_dataset(tmp_path, manifest, plan, 0), tmp_path, manifest))
-    plan = plan_train_epoch(manifest, 1, 6, seed=0, epoch=0)  # by offset: CRCs are checked too
-    with pytest.raises(
-        DataError, match=rf"reading failed \(corrupted record at \d+\): shard {victim.name}"
-    ):
-        list(iterate_batches(train_dataset(tmp_path, manifest, plan, 0), tmp_path, manifest))
+        list(iterate_batches(train_dataset(tmp_path, unchecked, plan, 0), tmp_path, unchecked))
+
+
+def test_a_missing_shard_is_refused_when_the_pipeline_is_built(tmp_path, make_graph):
+    manifest = write_small(tmp_path, make_graph)
+    plan = plan_train_epoch(manifest, 1, 2, seed=0, epoch=0)
+    (tmp_path / manifest.shards[1].file).unlink()
+    missing = rf"^shard {manifest.shards[1].file} of split 'train' is missing from {tmp_path} "
+    with pytest.raises(DataError, match=missing):
+        train_dataset(tmp_path, manifest, plan, 0)
+    with pytest.raises(DataError, match=missing):
+        eval_dataset(tmp_path, manifest, "train", 0, 1, 2)
 
 
 def test_truncated_shard_is_named_when_reading_by_offset(tmp_path, make_graph):
@@ -234,9 +260,14 @@ def test_truncated_shard_is_named_when_reading_by_offset(tmp_path, make_graph):
     victim.write_bytes(victim.read_bytes()[:-7])
     plan = plan_train_epoch(manifest, 1, 2, seed=0, epoch=0)
     with pytest.raises(
-        DataError, match=rf"shard {victim.name}: record 2 at byte \d+ runs past the end"
+        DataError, match=rf"shard {victim.name} of split 'train' in {tmp_path} is \d+ bytes but"
     ):
         train_dataset(tmp_path, manifest, plan, 0)
+    # Had the size been right, the offsets (read from the framing) would name the record.
+    with pytest.raises(
+        DataError, match=rf"shard {victim.name}: record 2 at byte \d+ runs past the end"
+    ):
+        index_shard_records(victim, 3)
 
 
 def test_record_of_another_schema_version_is_a_data_error_naming_it(tmp_path, make_graph):

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from hvdtrack.errors import DataError
-from hvdtrack.records import Manifest, RecordsConfig, check_shard_files, open_dataset, write_dataset
+from hvdtrack.records import (
+    Manifest,
+    RecordsConfig,
+    check_shard_files,
+    check_splits,
+    open_dataset,
+    write_dataset,
+)
 from hvdtrack.records.manifest import verify_checksums
 
 
@@ -128,7 +135,7 @@ def test_changed_shard_bytes_are_refused_by_checksum(dataset):
     check_shard_files(manifest, dataset)  # same size: only the checksum can tell
     with pytest.raises(
         DataError,
-        match=r"shard train-00001-of-00002\.tfrecord in .* does not match its checksum in the manifest",
+        match=r"shard train-00001-of-00002\.tfrecord of split 'train' in .* does not match its checksum in the manifest",
     ):
         verify_checksums(manifest, dataset)
     verify_checksums(manifest, dataset, splits=["val"])
@@ -142,7 +149,7 @@ def test_truncated_shard_is_refused_naming_it(dataset):
     path.write_bytes(path.read_bytes()[:-10])
     with pytest.raises(
         DataError,
-        match=rf"shard val-00000-of-00001\.tfrecord in .* is {size - 10} bytes but the manifest "
+        match=rf"shard val-00000-of-00001\.tfrecord of split 'val' in .* is {size - 10} bytes but the manifest "
         rf"says {size}: it is truncated",
     ):
         open_dataset(dataset, verify=False)
@@ -150,8 +157,27 @@ def test_truncated_shard_is_refused_naming_it(dataset):
 
 def test_missing_shard_is_named(dataset):
     (dataset / "train-00000-of-00002.tfrecord").unlink()
-    with pytest.raises(DataError, match=r"shard train-00000-of-00002\.tfrecord is missing from"):
+    with pytest.raises(
+        DataError,
+        match=rf"^shard train-00000-of-00002\.tfrecord of split 'train' is missing from {dataset} ",
+    ):
         open_dataset(dataset, verify=False)
+
+
+def test_required_splits_are_checked_before_anything_is_read(dataset):
+    manifest = Manifest.load(dataset)
+    check_splits(manifest, dataset, ["train", "val"])
+    with pytest.raises(
+        DataError, match=rf"^{dataset} has no graphs in split 'test' \(splits with graphs: 'train'"
+    ):
+        open_dataset(dataset, required=["train", "test"])
+    (dataset / "val-00000-of-00001.tfrecord").unlink()
+    check_splits(manifest, dataset, ["train"])  # only the splits asked for
+    with pytest.raises(
+        DataError,
+        match=rf"^shard val-00000-of-00001\.tfrecord of split 'val' is missing from {dataset} ",
+    ):
+        check_splits(manifest, dataset, ["train", "val"])
 
 
 def test_empty_split_is_named(dataset):

@@ -25,7 +25,7 @@ from hvdtrack.records import (
     write_shards,
 )
 from hvdtrack.records.manifest import sha256_of_file
-from hvdtrack.records.shards import index_shard_records, read_split_graphs
+from hvdtrack.records.shards import first_unreadable_record, index_shard_records, read_split_graphs
 
 
 def small_graph(event: int, section: int, num_nodes: int, labels: list[float]) -> HitGraph:
@@ -295,3 +295,35 @@ def test_graphs_encoded_in_worker_processes_without_tensorflow(tmp_path, graphs_
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# Cutting 30 bytes reaches into record 2 of a plain shard; in a gzip shard (8-byte trailer,
+# records compressed together) the lost bytes already held part of record 1.
+@pytest.mark.parametrize("compression, record", [("none", 2), ("gzip", 1)])
+def test_a_truncated_shard_is_named_by_file_and_record_when_read(tmp_path, compression, record):
+    encoded = [encode_graph(small_graph(e, 0, 2, [1])) for e in range(3)]
+    config = RecordsConfig(graphs_per_shard=4, compression=compression)
+    manifest = write_dataset({"train": encoded}, tmp_path, config)
+    path = tmp_path / manifest.shards[0].file
+    whole = path.read_bytes()
+    assert first_unreadable_record(path, compression) is None
+    path.write_bytes(whole[: len(whole) - 30])
+    with pytest.raises(
+        DataError, match=rf"^shard {path.name}: record {record} cannot be read, the file is trunc"
+    ):
+        list(read_split_graphs(tmp_path, manifest, "train"))
+    assert first_unreadable_record(path, compression) == record
+
+
+def test_a_changed_byte_is_named_by_file_and_record_when_read(tmp_path):
+    encoded = [encode_graph(small_graph(e, 0, 2, [1])) for e in range(3)]
+    manifest = write_dataset({"train": encoded}, tmp_path, RecordsConfig(graphs_per_shard=4))
+    path = tmp_path / manifest.shards[0].file
+    data = bytearray(path.read_bytes())
+    data[int(index_shard_records(path)[1]) + 20] ^= 0x01  # in record 1's data: its CRC fails
+    path.write_bytes(bytes(data))
+    with pytest.raises(
+        DataError,
+        match=rf"^shard {path.name}: record 1 cannot be read, .* \(corrupted record at \d+\) - re-run",
+    ):
+        list(read_split_graphs(tmp_path, manifest, "train"))
