@@ -33,11 +33,14 @@
 #   HVDTRACK_HOSTS_DIR     work dir (default /tmp/hvdtrack-hosts)
 #   HVDTRACK_HOSTS_NET     first three octets of the /24 (default 10.250.0)
 #   HVDTRACK_HOSTS_WAIT_S  deadline for each wait (default 20)
+#   HVDTRACK_HOSTS_SSH_ALIVE_S  the launcher's ssh ServerAliveInterval (default 0: off, as ssh's own
+#                          default; read at start)
 set -euo pipefail
 
 work="${HVDTRACK_HOSTS_DIR:-/tmp/hvdtrack-hosts}"
 net="${HVDTRACK_HOSTS_NET:-10.250.0}"
 wait_s="${HVDTRACK_HOSTS_WAIT_S:-20}"
+ssh_alive_s="${HVDTRACK_HOSTS_SSH_ALIVE_S:-0}"
 bridge=hvdt0
 ifname=hvdt0 # inside each namespace
 prefix=hvdtrack-h
@@ -112,8 +115,9 @@ Host *
     StrictHostKeyChecking yes
     BatchMode yes
     ConnectTimeout 5
-    # A host that disappears ends its ssh sessions (and so the launcher's wait) in ~15 s.
-    ServerAliveInterval 5
+    # 0 (ssh's default): a host that disappears leaves its ssh session waiting; the job ends by
+    # its own deadline. N > 0: the session ends ~3N s after the host went.
+    ServerAliveInterval $ssh_alive_s
     ServerAliveCountMax 3
     LogLevel ERROR
 EOF
