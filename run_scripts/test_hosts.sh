@@ -7,6 +7,8 @@
 #   bash run_scripts/test_hosts.sh down h2       # the host disappears: link down, its processes killed
 #   bash run_scripts/test_hosts.sh up h2         # it comes back: link up, sshd started again
 #   bash run_scripts/test_hosts.sh env           # shell lines: addresses, ssh config, PATH for the launcher
+#   bash run_scripts/test_hosts.sh discover [S]  # ADDR:S for each host that is up (horovodrun
+#                                                # --host-discovery-script; S slots, default 1)
 #   bash run_scripts/test_hosts.sh stop          # everything removed (namespaces, bridge, work dir)
 #
 # Layout (the launcher stays in the root namespace, where pytest and horovodrun run):
@@ -245,6 +247,16 @@ print_env() {
     echo "PATH=$work/bin:\$PATH"
 }
 
+# Hosts that are up (link up, sshd running) as ADDR:SLOTS lines; cheap enough to run every second.
+discover() {
+    local slots="$1" h
+    for h in $(hosts); do
+        [ "$(cat "/sys/class/net/hvdt-$h/operstate" 2>/dev/null)" = up ] && sshd_running "$h" &&
+            echo "$(addr_of "$h"):$slots"
+    done
+    return 0
+}
+
 cmd="${1:-}"
 case "$cmd" in
     start)
@@ -261,6 +273,7 @@ case "$cmd" in
         preconditions
         for h in $(hosts); do host_remove "$h"; done
         ip link del "$bridge" 2>/dev/null || true
+        rmdir /etc/netns 2>/dev/null || true # only if nothing else is in it
         rm -rf "$work"
         say "stopped"
         ;;
@@ -281,8 +294,9 @@ case "$cmd" in
         say "$2 ($(addr_of "$2")) is up"
         ;;
     env) print_env ;;
+    discover) discover "${2:-1}" ;;
     *)
-        sed -n '2,10p' "$0" >&2
+        sed -n '2,12p' "$0" >&2
         exit 2
         ;;
 esac

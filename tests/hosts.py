@@ -2,9 +2,11 @@
 
 Public symbols:
   Hosts: the running hosts' addresses, names and ssh settings; launch commands across them
-    (``horovodrun_command``, ``mpirun_command``), ``env`` for the launcher, ``down``/``up``.
+    (``horovodrun_command``, ``mpirun_command``, ``discovery_command`` for elastic jobs), ``env``
+    for the launcher, ``down``/``up``.
   hosts: a session fixture; the hosts are started once and stopped at the end of the last
-    session using them (a shared flock), skipped only where network namespaces cannot be made.
+    session using them (a shared flock) unless they were up before; skipped only where network
+    namespaces cannot be made (not root, no permission).
 
 Everything runs as root: the launcher (pytest, horovodrun, mpirun) stays in the root namespace,
 reaching the hosts at 10.250.0.11, .12, ... over a bridge on which it is 10.250.0.1.
@@ -150,6 +152,11 @@ class Hosts:
             cmd += ["-x", name]
         return [*cmd, sys.executable, *args]
 
+    def discovery_command(self, slots: int = 1) -> str:
+        """For ``horovodrun --host-discovery-script``: prints ``ADDR:SLOTS`` for each host that
+        is up now, so ``down``/``up`` remove and add hosts of an elastic job."""
+        return f"bash {SCRIPT} discover {slots}"
+
     def down(self, name: str) -> None:
         """Host ``name`` disappears: its link goes down and everything on it is killed."""
         _checked("down", name, timeout=60)
@@ -191,13 +198,14 @@ def _lock(lock_file, mode: int, timeout: float) -> None:
 
 @pytest.fixture(scope="session")
 def hosts():
-    """Two test hosts for the session (``Hosts``); stopped at the end unless another pytest
-    session still uses them."""
+    """Two test hosts for the session (``Hosts``); stopped at the end unless they were up
+    before (started by hand) or another pytest session still uses them."""
     reason = _cannot_make_namespaces()
     if reason:
         pytest.skip(reason)
     with open(LOCK, "a") as lock_file:
         _lock(lock_file, fcntl.LOCK_EX, START_TIMEOUT_S)  # one session starts them at a time
+        already_up = _script("status", timeout=60).returncode == 0  # e.g. started by hand
         _checked("start", "2")
         fcntl.flock(lock_file, fcntl.LOCK_SH)
         try:
@@ -206,6 +214,7 @@ def hosts():
             try:
                 fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                pass  # another session holds its shared lock: it stops them
+                pass  # another session holds its shared lock: the last one stops them
             else:
-                _checked("stop", timeout=60)
+                if not already_up:
+                    _checked("stop", timeout=60)

@@ -78,6 +78,31 @@ def run(command, env, timeout=300) -> subprocess.CompletedProcess:
     )
 
 
+def test_hosts_reach_only_each_other(hosts):  # noqa: F811
+    for name in hosts.names:
+        ns = hosts.namespace(name)
+        routes = subprocess.run(["ip", "-n", ns, "-4", "route"], capture_output=True, text=True)
+        assert routes.stdout.split("\n")[0].split()[:3] == [hosts.subnet, "dev", hosts.interface]
+        assert len(routes.stdout.strip().splitlines()) == 1, routes.stdout  # no default route
+    ssh = str(hosts.ssh)
+    # h1 reaches h2 (ssh included: mpirun's tree spawn goes host to host) ...
+    hop = subprocess.run(
+        [ssh, hosts.addresses[0], ssh, hosts.addresses[1], "hostname"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert hop.stdout.strip() == hosts.namespace(hosts.names[1]), hop.stdout + hop.stderr
+    # ... and nothing outside the link (TEST-NET-1: any address off the subnet).
+    out = subprocess.run(
+        [ssh, hosts.addresses[0], "bash -c 'echo > /dev/tcp/192.0.2.1/53'"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0 and "Network is unreachable" in out.stderr, out.stderr
+
+
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_horovodrun_trains_tiny_across_two_hosts(controller, hosts, tiny_dataset, tmp_path):  # noqa: F811
     started = time.monotonic()
