@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -102,5 +105,148 @@ def rank_pid(run_dir: Path, rank: int, timeout: float = 120) -> int:
                 and f"HOROVOD_RANK={rank}".encode() in environ
             ):
                 return int(pid)
+        time.sleep(0.2)
+    raise AssertionError(f"no rank {rank} process for {run_dir}")
+
+
+# ---------------------------------------------------------------- jobs under any launcher
+# horovodrun with Gloo or MPI, plain mpirun, and MultiWorkerMirroredStrategy (one process per
+# worker, TF_CONFIG, no launcher): the fault tests and run_scripts/fault_table.py start the same
+# training command under each.
+LAUNCHERS = ("gloo", "mpi", "mpirun", "multiworker")
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` TCP ports free on this host right now."""
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+class Job:
+    """A job's processes (the launcher, or every worker when there is none); their output goes
+    to ``log`` (one file per process), so nothing blocks on a full pipe."""
+
+    def __init__(self, launcher: str, procs: list[subprocess.Popen], logs: list[Path]):
+        self.launcher, self.procs, self.logs = launcher, procs, logs
+
+    def poll(self, besides: int | None = None) -> int | None:
+        """None while any process runs; then the first non-zero exit code (or 0).
+
+        ``besides``: a worker to leave out when there is no launcher (multiworker): nothing
+        ends a stopped worker there, the job is over when the others have exited."""
+        procs = [p for i, p in enumerate(self.procs) if i != besides or len(self.procs) == 1]
+        codes = [p.poll() for p in procs]
+        if any(c is None for c in codes):
+            return None
+        return next((c for c in codes if c != 0), 0)
+
+    def wait(self, timeout: float, besides: int | None = None) -> int | None:
+        """Waits at most ``timeout`` s for the job to end; returns ``poll(besides)``."""
+        deadline = time.monotonic() + timeout
+        while self.poll(besides) is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self.poll(besides)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.poll()
+
+    def output(self) -> str:
+        return "\n".join(log.read_text(errors="replace") for log in self.logs if log.exists())
+
+    def kill(self) -> None:
+        """Ends whatever still runs of this job (its process groups), stopped ranks included."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+
+    def pid(self, rank: int, run_dir: Path, timeout: float = 120) -> int:
+        """The pid of the training process of ``rank``."""
+        if self.launcher == "multiworker":
+            return self.procs[rank].pid
+        return worker_pid(run_dir, rank, timeout)
+
+
+def start_job(launcher: str, np: int, args: list[str], log_dir: Path, **env: str) -> Job:
+    """Starts ``python ARGS`` on ``np`` workers under ``launcher`` (one of ``LAUNCHERS``); every
+    process in a new session (so ``Job.kill`` ends all it started)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    if launcher == "multiworker":
+        workers = [f"localhost:{p}" for p in free_ports(np)]
+        commands, envs = [], []
+        for index in range(np):
+            spec = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+            commands.append([sys.executable, *args])
+            envs.append(worker_env(TF_CONFIG=json.dumps(spec), **env))
+    else:
+        commands, envs = [launch_command(np, args, launcher)], [worker_env(**env)]
+    procs, logs = [], []
+    for i, (command, environment) in enumerate(zip(commands, envs)):
+        log = log_dir / f"{launcher}-{i}.log"
+        with open(log, "w") as out:
+            procs.append(
+                subprocess.Popen(
+                    command,
+                    cwd=REPO,
+                    env=environment,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
+        logs.append(log)
+    return Job(launcher, procs, logs)
+
+
+def wait_for_file(path: Path, job: Job, timeout: float = 180) -> None:
+    """Waits until ``path`` exists (e.g. a run's timing.jsonl: its first epoch is recorded)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if job.poll() is not None:
+            raise AssertionError(f"the job ended ({job.poll()}) before {path}:\n{job.output()}")
+        if time.monotonic() > deadline:
+            job.kill()
+            raise AssertionError(f"no {path} after {timeout} s:\n{job.output()[-4000:]}")
+        time.sleep(0.2)
+
+
+def _process_rank(environ: list[bytes]) -> int | None:
+    """The worker rank a launched process's environment announces (None for launchers)."""
+    for entry in environ:
+        name, _, value = entry.partition(b"=")
+        if name in (b"HOROVOD_RANK", b"OMPI_COMM_WORLD_RANK") and value.isdigit():
+            return int(value)
+        if name == b"TF_CONFIG":
+            try:
+                return int(json.loads(value)["task"]["index"])
+            except (ValueError, KeyError, TypeError):
+                return None
+    return None
+
+
+def worker_pid(run_dir: Path, rank: int, timeout: float = 120) -> int:
+    """The pid of the training process of ``rank`` in ``run_dir`` under any of ``LAUNCHERS``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+                environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            launched = f"train.run_dir={run_dir}".encode() in cmdline
+            if launched and b"horovodrun" not in b" ".join(cmdline):
+                if _process_rank(environ) == rank:
+                    return int(pid)
         time.sleep(0.2)
     raise AssertionError(f"no rank {rank} process for {run_dir}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Sequence
 
@@ -84,10 +85,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     ensure_dataset(config)
     from hvdtrack.train.loop import PREEMPTED_EXIT_CODE, train
 
-    info = train(config)
+    try:
+        info = train(config)
+    except Exception as err:
+        failure = _peer_failure(err, config)
+        if failure is None:
+            raise
+        raise failure from None
     if info.get("stopped_by") == "signal":
         return PREEMPTED_EXIT_CODE  # checkpointed on SIGTERM/SIGUSR1: rerun to resume
     return 0 if info.get("status") == "finished" else 1
+
+
+def _peer_failure(err: Exception, config):
+    """tf.distribute's error when another worker failed or went silent (MultiWorker), as one
+    line naming that worker; None for any other error. (Horovod's are handled by ``train``.)"""
+    import tensorflow as tf
+
+    from hvdtrack.errors import TrainingError
+    from hvdtrack.train.launch import launcher_rank
+
+    text = str(err)
+    if not isinstance(err, tf.errors.OpError) or not (
+        "Collective ops is aborted" in text
+        or isinstance(err, (tf.errors.DeadlineExceededError, tf.errors.UnavailableError))
+    ):
+        return None
+    task = re.search(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)", text)
+    peer = f"{task.group(1)} {task.group(2)}" if task else "another worker"
+    if "heartbeat timeout" in text:
+        what = (
+            f"{peer} sent no heartbeat for distributed.deadline_s "
+            f"({config.distributed.deadline_s} s): stopped, hung or its host is gone"
+        )
+    elif "reset by peer" in text or "Socket closed" in text or "failed to connect" in text:
+        what = f"{peer} is gone (its connection closed: killed or crashed)"
+    else:
+        first = text.strip().splitlines()[0] if text.strip() else type(err).__name__
+        what = f"a collective with {peer} failed ({first[:200]})"
+    return TrainingError(
+        f"rank {launcher_rank()}: {what}. See the other workers' output; rerun the same "
+        "command to resume from the last checkpoint"
+    )
 
 
 if __name__ == "__main__":

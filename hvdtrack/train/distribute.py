@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from hvdtrack.errors import ConfigError
 from hvdtrack.train.config import DistributedConfig
+from hvdtrack.train.watchdog import Watchdog
 
 
 def _cpu_threads() -> int:
@@ -201,9 +202,7 @@ class HorovodWorkers(Workers):
             os.environ["HOROVOD_CYCLE_TIME"] = f"{config.horovod_cycle_time_ms:g}"
         self.shares_cores = _share_cores(_launcher_local_size())
         if config.deadline_s is not None:
-            # Read at hvd.init(): warn at half the deadline, shut down at the deadline.
-            os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", f"{config.deadline_s / 2:g}")
-            os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", f"{config.deadline_s:g}")
+            _set_horovod_deadline(config.deadline_s)
         hvd.init()
         self.rank = hvd.rank()
         self.num_processes = hvd.size()
@@ -226,6 +225,15 @@ class HorovodWorkers(Workers):
         self._compression = (
             hvd.Compression.fp16 if config.compression == "fp16" else hvd.Compression.none
         )
+        self.watchdog = None
+        if config.deadline_s is not None and self.num_processes > 1 and not _elastic():
+            # MPI waits for ever on a stopped rank; Gloo's timeout does not say which rank.
+            self.watchdog = Watchdog(
+                self.rank,
+                self.num_processes,
+                config.deadline_s,
+                lambda value: hvd.broadcast_object(value, root_rank=0, name="watchdog"),
+            )
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
@@ -283,7 +291,28 @@ class HorovodWorkers(Workers):
         self.allreduce_host(np.zeros(1))
 
     def shutdown(self):
+        if self.watchdog is not None:
+            self.watchdog.stop()
         self.hvd.shutdown()
+
+
+def _elastic() -> bool:
+    # Elastic Horovod restarts on the workers left when one fails: no rank may end the job then.
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
+def _set_horovod_deadline(deadline_s: float) -> None:
+    """Horovod's own deadlines, read at ``hvd.init()``; an explicit environment setting wins.
+
+    * Stall inspector: a collective that some rank's training thread has not joined (hung,
+      deadlocked) is reported at half the deadline and shuts Horovod down at the deadline.
+    * Gloo: any of its operations (the rendezvous at start, each cycle's negotiation, the
+      collectives) fails after the deadline; its default, 30 s, held a stopped rank's peers
+      43 s in all.
+    """
+    os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", f"{deadline_s / 2:g}")
+    os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", f"{deadline_s:g}")
+    os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", f"{max(1, round(deadline_s))}")
 
 
 def _replica_local_creator(next_creator, **kwargs):
@@ -311,6 +340,8 @@ class StrategyWorkers(Workers):
             hosts_here = _local_worker_count(resolver)
             self.threads = config.threads_per_worker or _threads_per_process(hosts_here)
             _set_threads(self.threads)
+            if config.deadline_s is not None:
+                _set_coordination_deadline(resolver, config.deadline_s)
             self.strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
             self.rank = int(resolver.task_id or 0)
             self.num_processes = max(1, resolver.cluster_spec().num_tasks("worker"))
@@ -382,6 +413,30 @@ class StrategyWorkers(Workers):
 
     def barrier(self):
         self.allreduce_host(np.zeros(1))
+
+
+def _set_coordination_deadline(resolver, deadline_s: float) -> None:
+    """MultiWorker: a worker whose heartbeats stop for ``deadline_s`` (killed, stopped, its host
+    gone) fails the job. TensorFlow's coordination service, which MultiWorkerMirroredStrategy
+    configures with a 100 s heartbeat timeout unless it was configured before, has no public
+    setting for it; this is the strategy's own call with the timeout added."""
+    from tensorflow.core.protobuf import coordination_config_pb2
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    cluster = resolver.cluster_spec()
+    if context.context().coordination_service is not None:
+        return  # configured by the caller
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(cluster),
+        heartbeat_timeout_in_ms=int(deadline_s * 1000),
+        coordinated_jobs=[
+            coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster.num_tasks(job))
+            for job in ("chief", "worker")
+            if job in cluster.jobs
+        ],
+    )
 
 
 def _mirrored_devices(num_cpu_devices: int) -> list[str]:
