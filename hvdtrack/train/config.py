@@ -141,11 +141,16 @@ class DistributedConfig:
     on 2 cores: 20 ms made a 1-graph step 0.59 s instead of 0.72 s); each collective may then wait
     up to one cycle, so keep it short on GPUs.
 
-    ``deadline_s``: under Horovod, a collective that some rank has not joined for this long
-    ends the job (Horovod's stall shutdown, reported by rank 0 with the missing ranks), so a
-    rank that hangs (stopped, deadlocked, on a dead node) cannot stall the others for ever.
-    Legitimate waits (a rank writing a checkpoint, tracing with ranks sharing cores) must
-    stay shorter. null waits for ever.
+    ``deadline_s``: a rank that dies or stops answering ends the whole job, with an error naming
+    it, within about this many seconds (MultiWorker: the workers still running exit). Under
+    Horovod (horovodrun with Gloo or MPI, mpirun, srun) every rank exchanges heartbeats with
+    rank 0 beside the collectives (``hvdtrack.train.watchdog``): a closed connection ends the job
+    at once, a silence of ``deadline_s`` at the deadline. Horovod's stall shutdown ends a job
+    whose rank is alive but has not joined a collective for ``deadline_s`` (hung, deadlocked),
+    and Gloo's timeout is 1.5 deadlines. MultiWorker: the coordination service's heartbeat
+    timeout. Legitimate waits must stay shorter than the stall shutdown: the longest seen is
+    tracing with 8 ranks on 2 cores (25 s); a checkpoint write of these models takes
+    milliseconds. null waits for ever.
     """
 
     strategy: Literal["local", "horovod", "mirrored", "multiworker"] = "local"
@@ -155,7 +160,7 @@ class DistributedConfig:
     threads_per_worker: Optional[int] = None
     num_cpu_devices: int = 2
     horovod_cycle_time_ms: Optional[float] = None
-    deadline_s: Optional[float] = 120.0
+    deadline_s: Optional[float] = 60.0
 
     def __post_init__(self):
         check(self.backward_passes_per_step >= 1, "backward_passes_per_step", "must be >= 1")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import socket
 from typing import Any, Callable, Sequence
@@ -307,12 +308,13 @@ def _set_horovod_deadline(deadline_s: float) -> None:
     * Stall inspector: a collective that some rank's training thread has not joined (hung,
       deadlocked) is reported at half the deadline and shuts Horovod down at the deadline.
     * Gloo: any of its operations (the rendezvous at start, each cycle's negotiation, the
-      collectives) fails after the deadline; its default, 30 s, held a stopped rank's peers
-      43 s in all.
+      collectives) fails after 1.5 deadlines (its default, 30 s, held a stopped rank's peers
+      43 s in all). Later than the heartbeats (``Watchdog``), whose message names the lost
+      rank: Gloo's says only that a receive timed out. It is the bound where they are off.
     """
     os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", f"{deadline_s / 2:g}")
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", f"{deadline_s:g}")
-    os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", f"{max(1, round(deadline_s))}")
+    os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", f"{math.ceil(1.5 * deadline_s)}")
 
 
 def _replica_local_creator(next_creator, **kwargs):
@@ -418,11 +420,11 @@ class StrategyWorkers(Workers):
 def _set_coordination_deadline(resolver, deadline_s: float) -> None:
     """MultiWorker: a worker whose heartbeats stop for ``deadline_s`` (killed, stopped, its host
     gone) fails the job. TensorFlow's coordination service, which MultiWorkerMirroredStrategy
-    configures with a 100 s heartbeat timeout unless it was configured before, has no public
-    setting for it; this is the strategy's own call with the timeout added."""
-    from tensorflow.core.protobuf import coordination_config_pb2
+    configures with the default heartbeat timeout unless it was configured before, has no
+    public setting for it: this is the strategy's own call (TF 2.18) with the timeout added."""
     from tensorflow.python.distribute import multi_worker_util
     from tensorflow.python.eager import context
+    from tensorflow.tsl.protobuf import coordination_config_pb2
 
     cluster = resolver.cluster_spec()
     if context.context().coordination_service is not None:
