@@ -55,15 +55,19 @@ def run(fit, train: Callable[[], Any]) -> Any:
     loop, restarting it from the last commit whenever workers leave or join."""
     import horovod.tensorflow as hvd
     from horovod.common.elastic import run_fn
-    from horovod.common.exceptions import HorovodInternalError
+    from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
     def attempt(state):
         try:
             return train()
+        except HostsUpdatedInterrupt:  # at a commit: nothing is lost
+            state.interrupted(lost=False)
+            raise
         except tf.errors.OpError as err:
             # A collective whose peer is gone. Horovod's own wrapper looks for op names that
             # miss the grouped allreduce of the step and swallows any other error.
             if "Horovod" in str(err) or "Gloo" in str(err):
+                state.interrupted(lost=True)
                 raise HorovodInternalError(err) from err
             raise
 
@@ -84,6 +88,7 @@ class _Records:
     edges_done: int
     val_metrics: dict
     best_loss: float
+    resets: list
 
 
 class _RunState:
@@ -101,7 +106,8 @@ class _RunState:
         self.fit, self.hvd = fit, hvd
         # The notification plumbing (host updates from the driver) is the base class's.
         self._base = State(bcast_object=hvd.broadcast_object, get_rank=hvd.rank)
-        self.workers_at_commit = fit.workers.num_replicas
+        self.interrupted_at: float | None = None
+        self.lost_s, self.before = 0.0, fit.workers.num_replicas
         self.save()
         fit.commit = self.commit
 
@@ -111,6 +117,8 @@ class _RunState:
 
     def on_reset(self):
         self._base._host_messages = type(self._base._host_messages)()
+        if self.interrupted_at is None:  # interrupted where ``attempt`` did not see it
+            self.interrupted(lost=False)
         self.reset()
 
     def commit(self) -> None:
@@ -127,42 +135,37 @@ class _RunState:
             fit.edges_done,
             dict(fit.val_metrics),
             fit.best_loss,
+            list(fit.resets),
         )
         self.saved_at = time.monotonic()
-        self.workers_at_commit = fit.workers.num_replicas
 
     def restore(self) -> None:
+        if self.interrupted_at is None:  # a failure that Horovod raised itself
+            self.interrupted(lost=True)
         for var, value in zip(self.fit.t.state_variables(), self._values):
             var.assign(value)
         self._adopt(self._records)
         self.fit.steps, self.fit.epochs = [], []  # of the interrupted epoch: it runs again
 
+    def interrupted(self, lost: bool) -> None:
+        """Notes when training stopped, and how much of it the restart throws away."""
+        self.interrupted_at = time.monotonic()
+        self.lost_s = self.interrupted_at - self.saved_at if lost else 0.0
+
     def reset(self) -> None:
         fit, hvd = self.fit, self.hvd
         workers = fit.workers
-        before = workers.num_replicas
+        self.before = workers.num_replicas
         workers.rank, workers.num_processes = hvd.rank(), hvd.size()
         workers.local_rank, workers.local_size = hvd.local_rank(), hvd.local_size()
         fit.follow_workers()
-        lost = time.monotonic() - self.saved_at
-        fit.resets.append(
-            {
-                "epoch": int(fit.t.epoch.numpy()),
-                "workers_before": before,
-                "workers_after": workers.num_replicas,
-                "since_commit_s": round(lost, 3),
-            }
-        )
-        log.warning(
-            f"elastic restart: {before} -> {workers.num_replicas} workers; training again "
-            f"from the start of epoch {int(fit.t.epoch.numpy()) + 1} "
-            f"({lost:.1f} s since the last commit)"
-        )
+        self._report_restart()  # sync may be skipped (workers only removed: all hold the state)
 
     def sync(self) -> None:
         """Every worker takes rank 0's state and records (a worker that joined has neither)."""
         fit = self.fit
         fit.workers.broadcast_variables(fit.t.state_variables())
+        self._records.resets = list(fit.resets)  # with the restart that led here
         mine = dataclasses.asdict(self._records) if fit.workers.is_chief else None
         records = self.hvd.broadcast_object(mine, root_rank=0, name="elastic_records")
         records["steps"] = [timing.StepRecord(**r) for r in records["steps"]]
@@ -170,8 +173,29 @@ class _RunState:
         self._adopt(_Records(**records))
         self.save()
 
+    def _report_restart(self) -> None:
+        fit = self.fit
+        epoch = int(fit.t.epoch.numpy())
+        restart = time.monotonic() - self.interrupted_at
+        fit.resets.append(
+            {
+                "epoch": epoch,
+                "workers_before": self.before,
+                "workers_after": fit.workers.num_replicas,
+                "lost_s": round(self.lost_s, 3),  # training since the last commit
+                "restart_s": round(restart, 3),  # Horovod's restart and the resize
+            }
+        )
+        log.warning(
+            f"elastic restart: {self.before} -> {fit.workers.num_replicas} workers, training "
+            f"again from the start of epoch {epoch + 1}; lost {self.lost_s:.1f} s of training, "
+            f"restart took {restart:.1f} s"
+        )
+        self.interrupted_at = None
+
     def _adopt(self, records: _Records) -> None:
         fit = self.fit
         fit.prior_steps, fit.prior_epochs = list(records.steps), list(records.epochs)
         fit.graphs_done, fit.edges_done = records.graphs_done, records.edges_done
         fit.val_metrics, fit.best_loss = dict(records.val_metrics), records.best_loss
+        fit.resets = list(records.resets)

@@ -433,7 +433,9 @@ def read_run(run_dir: str | os.PathLike) -> Run:
         lines = timing_path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as err:
         raise DataError(f"{timing_path}: cannot be read ({err})") from None
-    num_workers = info["num_workers"]
+    # An elastic run's records hold ranks of every worker count it had, not only the last.
+    resets = info.get("elastic_resets") or []
+    num_workers = max([info["num_workers"]] + [r.get("workers_before", 0) for r in resets])
     for number, line in enumerate(lines, start=1):
         where = f"{timing_path}, line {number}"
         if not line.strip():

@@ -68,7 +68,10 @@ class Trainer:
         self.config = config
         self.workers = workers or make_workers(config.distributed)
         self.dataset_dir = Path(config.data.dataset_dir)
-        self.manifest = open_dataset(self.dataset_dir, verify=config.train.verify_checksums)
+        # Validation runs at least after the last epoch: an empty val split is refused now.
+        self.manifest = open_dataset(
+            self.dataset_dir, verify=config.train.verify_checksums, required=("train", "val")
+        )
         manifest_bytes = (self.dataset_dir / MANIFEST_NAME).read_bytes()
         self.dataset_digest = hashlib.sha256(manifest_bytes).hexdigest()[:16]
         table = self.manifest.split_table("train", str(self.dataset_dir))
