@@ -1,0 +1,419 @@
+"""Runs every fault under real launchers on the tiny config and writes the table to docs/faults.md.
+
+    .venv/bin/python run_scripts/fault_table.py                 # every case, ~15 min on 2 cores
+    .venv/bin/python run_scripts/fault_table.py --only kill-9   # the cases whose name has it
+    .venv/bin/python run_scripts/fault_table.py --out -         # print, write nothing
+
+Each case is a ``Case`` in ``CASES``: a fault, the launcher it runs under, and a function that
+injects it and says what was kept. Add a row by adding a case. A case that resumes is compared
+with a run that was never interrupted (weights to rtol 1e-6, every step recorded once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.launch import start_job, wait_for_file, worker_env  # noqa: E402
+
+COMMAND = "python run_scripts/fault_table.py"
+DEADLINE = 10  # distributed.deadline_s in every case (the smallest allowed)
+EPOCHS, STEPS_PER_EPOCH = 6, 4  # tiny, 2 workers x 1 graph per step
+CHECKPOINT_EVERY = 3
+
+
+@dataclasses.dataclass
+class Row:
+    """One line of the table."""
+
+    fault: str
+    launcher: str
+    exit_code: Optional[int] = None
+    message: str = ""
+    exit_s: Optional[float] = None
+    checkpoint: str = "-"
+    run_status: str = "-"
+    records: str = "-"
+    resume: str = "-"
+
+
+@dataclasses.dataclass
+class Case:
+    """A fault under a launcher; ``run(case, work)`` injects it and returns the row."""
+
+    fault: str
+    launcher: str
+    run: Callable[[Case, Path], Row]
+    rank: int = 1  # the rank the fault hits, where it hits one
+    resume: bool = False  # rerun the same command and compare with an uninterrupted run
+
+    @property
+    def name(self) -> str:
+        return f"{self.fault} / {self.launcher}"
+
+
+# ---------------------------------------------------------------------------- helpers
+class Context:
+    """What the cases share: the tiny dataset and the weights of an uninterrupted run."""
+
+    def __init__(self, work: Path):
+        self.work = work
+        self.dataset = work / "data"
+        self._straight = None
+
+    def prepare(self) -> None:
+        run(["-m", "hvdtrack.prepare", "--config", "tiny", f"data.dataset_dir={self.dataset}"])
+
+    def straight(self):
+        if self._straight is None:
+            run_dir = self.work / "straight"
+            launched(train_args(self, run_dir, "gloo"))
+            self._straight = weights(run_dir)
+        return self._straight
+
+
+CONTEXT: Context
+
+
+def run(args: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=worker_env(), capture_output=True, text=True
+    )
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{args} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done
+
+
+def launched(args: list[str], launcher: str = "gloo") -> int:
+    """Runs a job to its end under ``launcher``; returns its exit code."""
+    logs = Path(tempfile.mkdtemp(dir=CONTEXT.work, prefix="logs-"))
+    job = start_job(launcher, 2, args, logs)
+    code = job.wait(900)
+    job.kill()
+    if code != 0:
+        raise RuntimeError(f"job failed ({code}):\n{job.output()[-3000:]}")
+    return code
+
+
+def train_args(ctx: Context, run_dir: Path, launcher: str, *extra: str) -> list[str]:
+    strategy = {"local": "local", "multiworker": "multiworker"}.get(launcher, "horovod")
+    return [
+        "-m",
+        "hvdtrack.train",
+        "--config",
+        "tiny",
+        f"data.dataset_dir={ctx.dataset}",
+        f"train.run_dir={run_dir}",
+        f"distributed.strategy={strategy}",
+        f"train.epochs={EPOCHS}",
+        "train.batch_graphs=1",
+        "train.progress_bar=false",
+        f"train.checkpoint_every_steps={CHECKPOINT_EVERY}",
+        f"distributed.deadline_s={DEADLINE}",
+        *extra,
+    ]
+
+
+def weights(run_dir: Path) -> dict:
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(run_dir / "checkpoints")))
+    names = sorted(n for n in reader.get_variable_to_shape_map() if n.startswith("model/"))
+    return {n: reader.get_tensor(n) for n in names}
+
+
+def latest_checkpoint(run_dir: Path) -> str:
+    numbers = [int(p.name[5:-6]) for p in (run_dir / "checkpoints").glob("ckpt-*.index")]
+    if not numbers:
+        return "none"
+    n = max(numbers)
+    try:
+        per_epoch = json.loads((run_dir / "run.json").read_text())["steps_per_epoch"]
+    except (OSError, ValueError, KeyError):
+        return f"global step {n}"
+    return f"global step {n} (epoch {n // per_epoch}, step {n % per_epoch})"
+
+
+def run_status(run_dir: Path) -> str:
+    try:
+        info = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError) as err:
+        return f"unreadable ({type(err).__name__})" if (run_dir / "run.json").exists() else "none"
+    return info["status"] + (f" ({info['stopped_by']})" if info.get("stopped_by") else "")
+
+
+def records_check(run_dir: Path, complete: bool) -> str:
+    """'intact' when timing.jsonl parses with no step twice (and, when ``complete``, every step
+    of every rank once); else what is wrong."""
+    try:
+        lines = [json.loads(line) for line in open(run_dir / "timing.jsonl")][1:]
+    except FileNotFoundError:
+        return "none"
+    except ValueError:
+        return "unreadable"
+    steps = [(r["epoch"], r["step"], r["rank"]) for r in lines if r["kind"] == "step"]
+    if len(steps) != len(set(steps)):
+        return "duplicated steps"
+    if complete:
+        every = {(e, s, r) for e in range(EPOCHS) for s in range(STEPS_PER_EPOCH) for r in (0, 1)}
+        missing = every - set(steps)
+        if missing:
+            return f"{len(missing)} step records missing"
+    return "intact"
+
+
+def message_line(output: str, launcher: str) -> str:
+    """The line that tells the user what happened: ours, else the launcher's."""
+    lines = [line.split("<stderr>:")[-1].strip() for line in output.splitlines()]
+    for marker in ("hvdtrack: error:", "hvdtrack: ", "[hvdtrack] run directory"):
+        found = [line for line in lines if line.startswith(marker)]
+        if found:
+            return found[0]
+    for marker in ("Process 1 exit", "process rank", "Error", "error"):
+        found = [line for line in lines if marker in line]
+        if found:
+            return found[0]
+    return lines[-1] if lines else ""
+
+
+def compare(resumed: dict, expected: dict) -> str:
+    import numpy as np
+
+    if resumed.keys() != expected.keys():
+        return "no (other variables)"
+    worst = max(
+        float(np.max(np.abs(resumed[n] - expected[n]) / (np.abs(expected[n]) + 1e-7)))
+        for n in expected
+    )
+    return "yes" if worst <= 1e-6 else f"no (relative difference {worst:.1e})"
+
+
+def digest(directory: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            h.update(str(path.relative_to(directory)).encode() + path.read_bytes())
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------- the kinds of fault
+SIGNALS = {"kill -9": signal.SIGKILL, "SIGSTOP": signal.SIGSTOP, "SIGTERM": signal.SIGTERM}
+
+
+def signal_a_rank(case: Case, work: Path) -> Row:
+    """Sends the case's signal to one rank after the first epoch; the job's exit, what it left,
+    and (``case.resume``) whether rerunning the same command resumes exactly."""
+    ctx, row = CONTEXT, Row(case.fault, case.launcher)
+    run_dir = work / "run"
+    args = train_args(ctx, run_dir, case.launcher)
+    job = start_job(case.launcher, 2, args, work / "logs")
+    try:
+        wait_for_file(run_dir / "timing.jsonl", job, timeout=300)
+        victim = job.pid(case.rank, run_dir)
+        time.sleep(0.5)  # inside the second epoch
+        os.kill(victim, SIGNALS[case.fault.split(" of ")[0]])
+        started = time.monotonic()
+        row.exit_code = job.wait(DEADLINE + 120, besides=case.rank)
+        row.exit_s = time.monotonic() - started
+    finally:
+        job.kill()
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except (ProcessLookupError, UnboundLocalError):
+            pass
+    row.message = message_line(job.output(), case.launcher)
+    row.checkpoint, row.run_status = latest_checkpoint(run_dir), run_status(run_dir)
+    row.records = records_check(run_dir, complete=False)
+    if case.resume:
+        rerun = start_job(case.launcher, 2, args, work / "logs-resume")
+        code = rerun.wait(900)
+        rerun.kill()
+        if code != 0:
+            row.resume = f"no (rerun exit {code})"
+        else:
+            row.resume = compare(weights(run_dir), ctx.straight())
+            row.records = records_check(run_dir, complete=True) + " after resume"
+    return row
+
+
+def own_dataset(work: Path) -> Path:
+    """A dataset prepared for this case alone (a copy would count as stale, prepared afresh)."""
+    data = work / "data"
+    run(["-m", "hvdtrack.prepare", "--config", "tiny", f"data.dataset_dir={data}"])
+    return data
+
+
+def corrupt_shard(case: Case, work: Path) -> Row:
+    """Flips bytes in the middle of a training shard of a copy of the dataset, then trains."""
+    row = Row(case.fault, case.launcher)
+    data = own_dataset(work)
+    shard = sorted(data.glob("train-*.tfrecord"))[1]
+    raw = bytearray(shard.read_bytes())
+    middle = len(raw) // 2
+    raw[middle : middle + 16] = bytes(b ^ 0xFF for b in raw[middle : middle + 16])
+    shard.write_bytes(bytes(raw))
+    return _single_run(row, work, [f"data.dataset_dir={data}"])
+
+
+def delete_shard(case: Case, work: Path) -> Row:
+    row = Row(case.fault, case.launcher)
+    data = own_dataset(work)
+    sorted(data.glob("train-*.tfrecord"))[-1].unlink()
+    return _single_run(row, work, [f"data.dataset_dir={data}"])
+
+
+def _single_run(row: Row, work: Path, overrides: list[str]) -> Row:
+    run_dir = work / "run"
+    started = time.monotonic()
+    done = run([*train_args(CONTEXT, run_dir, "local"), *overrides], check=False)
+    row.exit_s, row.exit_code = time.monotonic() - started, done.returncode
+    row.message = message_line(done.stdout + done.stderr, "local")
+    row.checkpoint, row.run_status = latest_checkpoint(run_dir), run_status(run_dir)
+    row.records = records_check(run_dir, complete=False)
+    return row
+
+
+def prepare_elsewhere(case: Case, work: Path) -> Row:
+    """``prepare`` pointed at a directory of someone's files: refused, every file in place."""
+    row = Row(case.fault, case.launcher)
+    target = work / "events"
+    target.mkdir()
+    for i in range(3):
+        (target / f"event00000100{i}-hits.csv").write_text("hit_id,x,y,z\n1,0,0,0\n")
+    before = digest(target)
+    started = time.monotonic()
+    done = run(
+        ["-m", "hvdtrack.prepare", "--config", "tiny", f"data.dataset_dir={target}"], check=False
+    )
+    row.exit_s, row.exit_code = time.monotonic() - started, done.returncode
+    row.message = message_line(done.stdout + done.stderr, "local")
+    row.records = "files unchanged" if digest(target) == before else "FILES CHANGED"
+    return row
+
+
+def resume_changed_model(case: Case, work: Path) -> Row:
+    """A finished-epoch run resumed with another model width: refused, run directory unchanged."""
+    row = Row(case.fault, case.launcher)
+    run_dir = work / "run"
+    run([*train_args(CONTEXT, run_dir, "local"), "train.epochs=1"])
+    before = digest(run_dir)
+    started = time.monotonic()
+    done = run(
+        [*train_args(CONTEXT, run_dir, "local"), "train.epochs=2", "model.node_encoder=[32,16]"],
+        check=False,
+    )
+    row.exit_s, row.exit_code = time.monotonic() - started, done.returncode
+    row.message = message_line(done.stdout + done.stderr, "local")
+    row.checkpoint, row.run_status = latest_checkpoint(run_dir), run_status(run_dir)
+    row.records = "run dir unchanged" if digest(run_dir) == before else "RUN DIR CHANGED"
+    return row
+
+
+CASES: list[Case] = [
+    Case("kill -9 of rank 1", "gloo", signal_a_rank, resume=True),
+    Case("kill -9 of rank 1", "mpi", signal_a_rank, resume=True),
+    Case("kill -9 of rank 1", "mpirun", signal_a_rank),
+    Case("kill -9 of rank 1", "multiworker", signal_a_rank),
+    Case("kill -9 of rank 0", "gloo", signal_a_rank, rank=0, resume=True),
+    Case("SIGSTOP of rank 1", "gloo", signal_a_rank, resume=True),
+    Case("SIGSTOP of rank 1", "mpi", signal_a_rank),
+    Case("SIGSTOP of rank 1", "mpirun", signal_a_rank),
+    Case("SIGSTOP of rank 1", "multiworker", signal_a_rank),
+    Case("SIGSTOP of rank 0", "mpi", signal_a_rank, rank=0),
+    Case("SIGTERM of rank 1", "gloo", signal_a_rank, resume=True),
+    Case("SIGTERM of rank 1", "mpirun", signal_a_rank),
+    Case("corrupted training shard", "local", corrupt_shard),
+    Case("training shard deleted", "local", delete_shard),
+    Case("prepare at a folder of CSVs", "local", prepare_elsewhere),
+    Case("resume with model.node_encoder changed", "local", resume_changed_model),
+]
+
+HEADER = """# What happens when things go wrong
+
+Generated by `{command}` ({date}, {host}, {cores} cores; every case on the tiny config with
+`distributed.deadline_s={deadline}`, {epochs} epochs of {steps} steps, a step checkpoint every
+{every} steps). Do not edit by hand: rerun the command.
+
+* **exit**: the job's exit code (the launcher's; MultiWorker: the first non-zero of the workers
+  still running) and the line that says what happened.
+* **time to exit**: seconds from the fault to the end of the job (MultiWorker: of the workers
+  not stopped, as nothing stops a stopped worker without a launcher).
+* **kept**: the newest checkpoint, run.json's status, and the timing records (no step twice;
+  after a resume, every step of every rank once).
+* **resume exact**: the same command run again ends with the weights of an uninterrupted run
+  (rtol 1e-6); `-` where not tried.
+
+| fault | launcher | exit | message | time to exit | checkpoint | run.json | records | resume exact |
+|---|---|---|---|---|---|---|---|---|
+"""
+
+
+def markdown_row(row: Row) -> str:
+    message = row.message.replace("|", "\\|")
+    if len(message) > 240:
+        message = message[:237] + "..."
+    exit_s = f"{row.exit_s:.1f} s" if row.exit_s is not None else "-"
+    cells = [row.fault, row.launcher, str(row.exit_code), f"`{message}`" if message else "-"]
+    cells += [exit_s, row.checkpoint, row.run_status, row.records, row.resume]
+    return "| " + " | ".join(cells) + " |"
+
+
+def main(argv=None) -> int:
+    global CONTEXT
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(REPO / "docs/faults.md"), help="'-' prints only")
+    p.add_argument("--only", nargs="*", default=None, help="cases whose name contains any")
+    p.add_argument("--work", default=None, help="keep the runs in this folder")
+    args = p.parse_args(argv)
+    cases = [c for c in CASES if not args.only or any(s in c.name for s in args.only)]
+    work = Path(args.work or tempfile.mkdtemp(prefix="hvdtrack-faults-"))
+    work.mkdir(parents=True, exist_ok=True)
+    CONTEXT = Context(work)
+    CONTEXT.prepare()
+    lines = []
+    for i, case in enumerate(cases):
+        case_dir = work / f"case{i:02d}"
+        case_dir.mkdir()
+        print(f"[{i + 1}/{len(cases)}] {case.name} ...", file=sys.stderr, flush=True)
+        try:
+            row = case.run(case, case_dir)
+        except Exception as err:  # a case that cannot run is a row that says so
+            row = Row(case.fault, case.launcher, message=f"CASE FAILED: {err}"[:240])
+        line = markdown_row(row)
+        print(line, flush=True)
+        lines.append(line)
+    header = HEADER.format(
+        command=COMMAND + (f" --only {' '.join(args.only)}" if args.only else ""),
+        date=time.strftime("%Y-%m-%d"),
+        host=os.uname().nodename,
+        cores=os.cpu_count(),
+        deadline=DEADLINE,
+        epochs=EPOCHS,
+        steps=STEPS_PER_EPOCH,
+        every=CHECKPOINT_EVERY,
+    )
+    text = header + "\n".join(lines) + "\n"
+    if args.out != "-":
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
