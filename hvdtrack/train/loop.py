@@ -253,6 +253,7 @@ class _Fit:
         self.commit: Callable[[], None] = lambda: None  # elastic.run sets the state's commit
         self.resets: list[dict[str, Any]] = []  # elastic restarts
         self.best_loss = math.inf
+        self.epoch_records_from = 0  # index in prior_steps of the current epoch's first step
         console.setup_logging(self.workers.rank, self.chief)
 
     # -- the loop -----------------------------------------------------------------------
@@ -315,12 +316,12 @@ class _Fit:
         clock = PartClock()
         for epoch in range(start_epoch, self.tc.epochs):
             first = start_step if epoch == start_epoch else 0
-            stopped = self._epoch(epoch, first, clock)
+            stopped, val = self._epoch(epoch, first, clock)
             if stopped:
                 break
             clock = PartClock()  # the next epoch's interval starts here
+            self._save(epoch + 1, 0, clock, val)
             with clock.part("records_s"):
-                self._write_records("running", epoch)
                 self.commit()  # elastic: workers that joined start here
             if self._stop_due() and epoch + 1 < self.tc.epochs:
                 stopped = True
@@ -338,35 +339,47 @@ class _Fit:
             self.summaries.close()
             self.summaries = _Summaries(self.t, self.run_dir)
 
-    def _epoch(self, epoch: int, first: int, clock: PartClock) -> bool:
-        """Trains one epoch from step ``first``; records it unless stopped. True: stopped."""
+    def _epoch(self, epoch: int, first: int, clock: PartClock) -> tuple[bool, Optional[dict]]:
+        """Trains one epoch from step ``first`` and validates; records it unless stopped.
+        Returns (stopped, validation metrics or None)."""
         t = self.t
         train_start = time.perf_counter()
+        self.epoch_records_from = len(self.prior_steps)  # this epoch's steps, once gathered
         with clock.part("pipeline_s"):
             batches = t.batches(epoch, first)
         tally = self._steps(epoch, first, batches, clock)
         with clock.part("pipeline_s"):
             batches.close()  # ends the epoch's pipelines
         if tally.stopped:
-            return True
-        # Training time: pipeline and steps; step checkpoints and summaries taken out.
-        bookkeeping = clock.parts["checkpoint_s"] + clock.parts["summaries_s"]
+            return True, None
+        # Training time: pipeline and steps; step checkpoints, records and summaries taken out.
+        bookkeeping = sum(clock.parts[p] for p in ("checkpoint_s", "records_s", "summaries_s"))
         train_s = time.perf_counter() - train_start - bookkeeping
         val = None
         if (epoch + 1) % self.tc.validate_every_epochs == 0 or epoch + 1 == self.tc.epochs:
             with clock.part("validation_s"):
                 val = self.val_metrics = t.evaluate("val")
-        with clock.part("checkpoint_s"):
-            self.checkpoints.save(epoch + 1, 0)
-            if val and val["loss"] < self.best_loss:
-                self.best_loss = val["loss"]
-                self.checkpoints.save_best(epoch + 1)
         with clock.part("summaries_s"):
             self.summaries.epoch(self.global_step, train_s, tally.edges, t.plan(epoch), val)
             log.info(console.epoch_line(epoch, self.tc.epochs, train_s, tally.losses, val or {}))
-        # The record's wall time ends here: what follows belongs to the next interval.
+        # The record's wall time ends here: what follows (its records and checkpoint) belongs
+        # to the next interval.
         self.epochs.append(self._epoch_record(epoch, first, train_s, tally, val, clock))
-        return False
+        return False, val
+
+    def _save(self, epoch: int, step: int, clock: PartClock, val=None) -> None:
+        """Writes the records, then the checkpoint to resume at (``epoch``, ``step``), and
+        ``best/`` when ``val`` improved on every earlier validation.
+
+        In this order a crash between the two resumes from the previous checkpoint, and the
+        resume trims the records to its position: records and checkpoints always agree."""
+        with clock.part("records_s"):
+            self._write_records("running", epoch - 1 if step == 0 else None)
+        with clock.part("checkpoint_s"):
+            self.checkpoints.save(epoch, step)
+            if val and val["loss"] < self.best_loss:
+                self.best_loss = val["loss"]
+                self.checkpoints.save_best(epoch)
 
     def _steps(self, epoch: int, first: int, batches, clock: PartClock) -> _EpochTally:
         t, tc = self.t, self.tc
@@ -410,11 +423,14 @@ class _Fit:
                 self.summaries.step(self.global_step, times, step_edges, imbalance)
                 bar.update(step, times.loss, step_edges / times.total_s)
             t.step_in_epoch.assign(step + 1)
-            with clock.part("checkpoint_s"):
-                every = tc.checkpoint_every_steps
-                tally.stopped = self._stop_due() and not last
-                if tally.stopped or times.checkpoint or (every and self.global_step % every == 0):
-                    self.checkpoints.save(epoch, step + 1)
+            every = tc.checkpoint_every_steps
+            tally.stopped = self._stop_due() and not last
+            if (
+                tally.stopped
+                or times.checkpoint
+                or (every and self.global_step % every == 0 and not last)
+            ):
+                self._save(epoch, step + 1, clock)
             if tally.stopped:
                 break
         with clock.part("summaries_s"):
@@ -491,7 +507,7 @@ class _Fit:
         if self.chief:
             timing.write_run(self.run_dir, info, self.prior_steps, self.prior_epochs)
             if epoch is not None:  # this epoch's records only: the cost stays per epoch
-                steps = [r for r in new_steps if r.epoch == epoch]
+                steps = [r for r in self.prior_steps[self.epoch_records_from :] if r.epoch == epoch]
                 epochs = [r for r in new_epochs if r.epoch == epoch]
                 run = timing.Run(self.run_dir, info, steps, epochs)
                 self.summaries.accounts(self.global_step, run, epoch)
@@ -584,6 +600,9 @@ class _Fit:
             )
         log.info(f"run directory: {self.run_dir}{note}")
         self.summaries.close()
+        # No rank leaves before the chief's files are complete: a launcher ends the other ranks
+        # as soon as one exits with a non-zero code (75 after a signal).
+        self.workers.barrier()
         return info
 
 
