@@ -115,7 +115,8 @@ class _Checkpoints:
         t.epoch.assign(epoch)
         t.step_in_epoch.assign(step)
         if t.workers.is_chief:
-            self.latest.save(checkpoint_number=epoch * t.steps_per_epoch + step)
+            # Numbered by optimizer step: steps per epoch change in an elastic run.
+            self.latest.save(checkpoint_number=int(t.optimizer.step.numpy()))
         t.workers.barrier()
 
     def save_best(self, number: int) -> None:
@@ -553,13 +554,20 @@ class _Fit:
         info_file = self.run_dir / timing.RUN_INFO_FILE
         if not (self.tc.resume and info_file.exists()):
             return
+        latest = tf.train.latest_checkpoint(str(self.run_dir / "checkpoints"))
+        step_in_epoch = 0
+        if latest:  # the position it holds (its number is the optimizer step: elastic runs
+            # change the steps per epoch, so the number does not tell)
+            reader = tf.train.load_checkpoint(latest)
+            step_in_epoch = int(reader.get_tensor("step_in_epoch/.ATTRIBUTES/VARIABLE_VALUE"))
         rundir.check_resume(
             self.run_dir,
             timing.read_run(self.run_dir).info,
             self.cfg,
             self.workers.num_replicas,
-            tf.train.latest_checkpoint(str(self.run_dir / "checkpoints")),
+            latest,
             self.t.dataset_digest,
+            step_in_epoch,
         )
 
     def _restore(self) -> Optional[timing.Run]:

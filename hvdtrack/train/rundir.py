@@ -115,10 +115,12 @@ def check_resume(
     num_workers: int,
     latest_checkpoint: str | None,
     dataset_digest: str,
+    step_in_epoch: int = 0,
 ) -> None:
     """Refuses a resume that would not continue the same run; call before writing anything.
 
-    ``previous`` is the run's ``run.json``. Refused: another value of any setting outside
+    ``previous`` is the run's ``run.json``; ``step_in_epoch`` the position the newest checkpoint
+    holds (``latest_checkpoint``; 0 at an epoch's end). Refused: another value of any setting outside
     ``RESUMABLE_CHANGES`` (the first one is named), another dataset (manifest digest), and
     another worker count when the checkpoint lies inside an epoch (its plan was made for the
     old count: graphs would be skipped or repeated). ``train.allow_changed_config`` lets the
@@ -144,16 +146,14 @@ def check_resume(
                 f"{run_dir} was trained on another dataset (manifest digest {old_digest}, now "
                 f"{dataset_digest} in {config.data.dataset_dir}). {fix}"
             )
-    old_workers, per_epoch = previous.get("num_workers"), previous.get("steps_per_epoch")
-    if latest_checkpoint and old_workers != num_workers and per_epoch:
-        number = int(latest_checkpoint.rsplit("-", 1)[-1])
-        if number % per_epoch:
-            raise ConfigError(
-                f"{run_dir} stopped inside an epoch (checkpoint {latest_checkpoint}) with "
-                f"{old_workers} workers; resuming with {num_workers} would skip or repeat graphs "
-                f"of that epoch's plan. Resume with {old_workers} workers, or use another "
-                "train.run_dir"
-            )
+    old_workers = previous.get("num_workers")
+    if latest_checkpoint and old_workers != num_workers and step_in_epoch:
+        raise ConfigError(
+            f"{run_dir} stopped inside an epoch (checkpoint {latest_checkpoint}, step "
+            f"{step_in_epoch}) with {old_workers} workers; resuming with {num_workers} would "
+            f"skip or repeat graphs of that epoch's plan. Resume with {old_workers} workers, or "
+            "use another train.run_dir"
+        )
 
 
 def _first_difference(old: dict, new: dict) -> tuple[str | None, Any, Any]:

@@ -67,6 +67,9 @@ def test_another_dataset_or_worker_count_inside_an_epoch_is_refused(trained, tmp
     }
     with pytest.raises(ConfigError, match="another dataset .*aaaa.*bbbb"):
         check_resume(tmp_path, previous, trained, 2, None, "bbbb")
-    with pytest.raises(ConfigError, match=r"stopped inside an epoch .*ckpt-6.* with 2 workers"):
-        check_resume(tmp_path, previous, trained, 1, "run/checkpoints/ckpt-6", "aaaa")
-    check_resume(tmp_path, previous, trained, 1, "run/checkpoints/ckpt-8", "aaaa")  # epoch end
+    with pytest.raises(
+        ConfigError, match=r"stopped inside an epoch .*ckpt-6, step 2.* with 2 workers"
+    ):
+        check_resume(tmp_path, previous, trained, 1, "run/checkpoints/ckpt-6", "aaaa", 2)
+    check_resume(tmp_path, previous, trained, 1, "run/checkpoints/ckpt-8", "aaaa", 0)  # epoch end
+    check_resume(tmp_path, previous, trained, 2, "run/checkpoints/ckpt-6", "aaaa", 2)  # same N
