@@ -259,7 +259,7 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _summary(args: argparse.Namespace) -> int:
-    from hvdtrack.scaling.summary import write_summary
+    from hvdtrack.scaling.report import write_summary
 
     path = write_summary(args.run_dir, args.out)
     print(path.read_text())
@@ -270,12 +270,13 @@ def _summary(args: argparse.Namespace) -> int:
 def _energy(args: argparse.Namespace) -> int:
     import time
 
+    from hvdtrack.scaling.config import ScalingConfig
     from hvdtrack.scaling.energy import EnergyMeter, probe_energy_sources
 
     for source, state in probe_energy_sources().items():
         print(f"{source}: {state}")
     if args.measure > 0:
-        meter = EnergyMeter(device_kind=args.device_kind)
+        meter = EnergyMeter(ScalingConfig(device_kind=args.device_kind))
         meter.start()
         time.sleep(args.measure)
         reading = meter.stop()

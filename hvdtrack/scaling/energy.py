@@ -1,7 +1,7 @@
 """Energy of a training run: RAPL (CPU packages), NVML (NVIDIA GPUs), or a labelled estimate.
 
-Sources (``source="auto"`` picks NVML for ``device_kind == "gpu"``, RAPL otherwise, and the
-estimate when that one is not available):
+Sources (``scaling.energy_source``; ``auto`` picks NVML for ``device_kind == "gpu"``, RAPL
+otherwise, and the estimate when that one is not available):
 
 - ``nvml``: ``nvmlDeviceGetTotalEnergyConsumption`` (mJ since driver load, Volta and newer)
   summed over this process's GPUs; needs the ``pynvml`` module (``nvidia-ml-py``) and a GPU.
@@ -11,7 +11,7 @@ estimate when that one is not available):
   whole socket (all its cores, idle ones and other processes included); each of the node's
   ``local_size`` processes books an equal share. Recent kernels make ``energy_uj`` root-only;
   unreadable counters fall back to the estimate.
-- ``estimate``: ``watts_per_device * devices * seconds``, labelled ``"estimate"``.
+- ``estimate``: ``scaling.device_power_watts * devices * seconds``, labelled ``"estimate"``.
 
 Usage in a trainer: on every process ``EnergyMeter(cfg.scaling, devices=local_replicas,
 local_rank=..., local_size=...)``, ``start()`` before the first epoch, ``sample()`` at each epoch
@@ -28,7 +28,7 @@ import dataclasses
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 from hvdtrack.errors import ConfigError
 from hvdtrack.scaling.config import ScalingConfig
@@ -55,10 +55,6 @@ class EnergyReading:
     watts: float
     detail: str = ""
 
-    def to_info(self) -> dict[str, Any]:
-        """The ``energy`` entry of run.json."""
-        return dataclasses.asdict(self)
-
 
 class EnergyMeter:
     """Measures the energy of this process's devices over an interval.
@@ -66,22 +62,19 @@ class EnergyMeter:
     Every process of a run meters its own share, so that the sum over processes (e.g. a host
     allreduce of ``EnergyReading.joules``) is the run's energy:
 
-    - estimate: ``watts_per_device * devices * seconds``;
+    - estimate: ``device_power_watts * devices * seconds``;
     - NVML: the GPUs ``local_rank * devices ... + devices - 1`` of the node (Horovod: one GPU per
       process, the one at the local rank; MirroredStrategy: all local GPUs);
     - RAPL: the node's CPU packages divided by ``local_size``, the processes on the node, because
       every one of them sees the same package counters.
 
     Args:
-      config: a ``ScalingConfig``; its device_kind, device_power_watts and energy_source are the
-        defaults of the keyword arguments below.
+      config: a ``ScalingConfig``: its device_kind ("gpu" selects NVML, anything else RAPL),
+        device_power_watts (for the estimate) and energy_source ("auto", "rapl", "nvml" or
+        "estimate"; a forced measured source that is not available raises ConfigError at
+        ``start()``).
       devices: devices (replicas) this process drives.
-      device_kind: "gpu" selects NVML; anything else RAPL.
-      watts_per_device: power per device for the estimate.
-      source: "auto", "rapl", "nvml" or "estimate"; a forced measured source that is not
-        available raises ConfigError at ``start()``.
       local_rank, local_size: this process's index and the process count on its node.
-      gpu_indices: NVML device indices to meter, replacing the ones from ``local_rank``.
       powercap_root: where the RAPL zones live (a test can point it at a made-up tree).
       clock: monotonic clock in seconds.
     """
@@ -91,42 +84,24 @@ class EnergyMeter:
         config: Optional[ScalingConfig] = None,
         devices: int = 1,
         *,
-        device_kind: Optional[str] = None,
-        watts_per_device: Optional[float] = None,
-        source: Optional[str] = None,
         local_rank: int = 0,
         local_size: int = 1,
-        gpu_indices: Optional[Sequence[int]] = None,
         powercap_root: str = POWERCAP_ROOT,
         clock: Callable[[], float] = time.monotonic,
     ):
         config = config or ScalingConfig()
-        device_kind = config.device_kind if device_kind is None else device_kind
-        watts_per_device = (
-            config.device_power_watts if watts_per_device is None else watts_per_device
-        )
-        source = config.energy_source if source is None else source
         if devices < 1:
             raise ConfigError(f"EnergyMeter: devices must be >= 1, got {devices}")
-        if watts_per_device <= 0:
-            raise ConfigError(f"EnergyMeter: watts_per_device must be > 0, got {watts_per_device}")
-        if source not in ("auto", "rapl", "nvml", "estimate"):
-            raise ConfigError(
-                f"EnergyMeter: source must be auto, rapl, nvml or estimate, got {source!r}"
-            )
         if not 0 <= local_rank < local_size:
             raise ConfigError(
                 f"EnergyMeter: need 0 <= local_rank < local_size, got {local_rank}, {local_size}"
             )
-        self.device_kind = device_kind
+        self.device_kind = config.device_kind
         self.num_devices = devices
-        self.watts_per_device = watts_per_device
-        self.requested = source
+        self.watts_per_device = config.device_power_watts
+        self.requested = config.energy_source
         self.local_size = local_size
-        first = local_rank * devices
-        self.gpu_indices = list(
-            range(first, first + devices) if gpu_indices is None else gpu_indices
-        )
+        self.gpu_indices = list(range(local_rank * devices, (local_rank + 1) * devices))
         self.powercap_root = Path(powercap_root)
         self._clock = clock
         self._counter: Optional[_Counter] = None
@@ -321,7 +296,7 @@ def probe_energy_sources(powercap_root: str = POWERCAP_ROOT) -> dict[str, str]:
         result["rapl"] = f"available: {_RaplCounter(Path(powercap_root)).describe()}"
     except _Unavailable as why:
         result["rapl"] = f"unavailable: {why}"
-    meter = EnergyMeter(device_kind="gpu", source="nvml")
+    meter = EnergyMeter(ScalingConfig(device_kind="gpu", energy_source="nvml"))
     try:
         counter = _NvmlCounter(meter)
         result["nvml"] = f"available: {counter.describe()}"

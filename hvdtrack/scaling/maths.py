@@ -12,21 +12,22 @@ Definitions (t1: time on 1 worker, tN: time on N workers):
 - cost per epoch = devices * epoch hours * price per device-hour; energy per epoch = mean
   power of the run's devices * epoch seconds.
 
-Public symbols: ``step_statistics``, ``step_times``, ``step_sums``, ``epoch_step_time``,
-``epoch_times``, ``epoch_time``,
-``epoch_time_includes_warmup``, ``epoch_work``, ``speedup``, ``strong_efficiency``,
-``weak_efficiency``, ``throughput``, ``throughput_per_worker``, ``cost_per_epoch``,
-``energy_per_epoch``.
+Public symbols: ``step_statistics``, ``run_step_statistics``, ``step_times``,
+``epoch_step_time``, ``epoch_times``, ``epoch_time``, ``epoch_time_includes_warmup``,
+``epoch_work``, ``speedup``, ``strong_efficiency``, ``weak_efficiency``, ``throughput``,
+``throughput_per_worker``, ``cost_per_epoch``, ``energy_per_epoch``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 
 from hvdtrack.errors import DataError
-from hvdtrack.train.timing import Run
+from hvdtrack.train.timing import EpochRecord, Run, StepRecord
 
 STEP_FIELDS = ("data_s", "compute_s", "exchange_s", "total_s")
 
@@ -60,6 +61,17 @@ def step_statistics(values: Sequence[float] | np.ndarray) -> dict[str, float]:
     }
 
 
+def run_step_statistics(run: Run, field: str = "total_s") -> dict[str, float]:
+    """``step_statistics`` of ``step_times(run, field)``; DataError naming the run if it has none."""
+    times = step_times(run, field)
+    if times.size == 0:
+        raise DataError(
+            f"{run.path}: no non-warm-up steps in timing.jsonl (N={run.num_workers}); run more "
+            "steps than scaling.timing_warmup_steps"
+        )
+    return step_statistics(times)
+
+
 def step_times(run: Run, field: str = "total_s", include_warmup: bool = False) -> np.ndarray:
     """Per-step times of a run, the slowest rank's for each step.
 
@@ -73,48 +85,21 @@ def step_times(run: Run, field: str = "total_s", include_warmup: bool = False) -
     """
     if field not in STEP_FIELDS:
         raise ValueError(f"field must be one of {', '.join(STEP_FIELDS)}, got {field!r}")
-    if not run.steps:
-        return np.zeros(0)
-    epoch = np.array([r.epoch for r in run.steps], dtype=np.int64)
-    step = np.array([r.step for r in run.steps], dtype=np.int64)
-    warm = np.array([r.warmup for r in run.steps], dtype=bool)
-    value = np.array([getattr(r, field) for r in run.steps], dtype=np.float64)
-
-    keys, inverse = np.unique(np.stack([epoch, step], axis=1), axis=0, return_inverse=True)
-    inverse = inverse.ravel()
-    slowest = np.full(len(keys), -np.inf)
-    np.maximum.at(slowest, inverse, value)
-    any_warm = np.zeros(len(keys), dtype=bool)
-    np.logical_or.at(any_warm, inverse, warm)
-    return slowest[include_warmup | ~any_warm]
-
-
-def step_sums(run: Run) -> dict[int, float]:
-    """Per epoch: the sum over its steps of the slowest rank's step time (warm-up included).
-
-    An epoch whose time is fully accounted for lasts this long plus its pipeline's start and
-    end; ``epoch_step_time`` is the epoch time measured this way.
-    """
-    slowest: dict[tuple[int, int], float] = {}
-    for r in run.steps:
-        key = (r.epoch, r.step)
-        slowest[key] = max(slowest.get(key, 0.0), r.total_s)
-    sums: dict[int, float] = {}
-    for (epoch, _), seconds in slowest.items():
-        sums[epoch] = sums.get(epoch, 0.0) + seconds
-    return sums
+    steps = _slowest_steps(run)
+    if not include_warmup:
+        steps = steps[~steps["warmup"]]
+    return steps[field].to_numpy(dtype=np.float64)
 
 
 def epoch_step_time(run: Run, warmup_epochs: int = 1) -> float:
-    """``step_sums`` over the epochs ``epoch_time`` uses, median: the epoch time as the steps
-    tell it (to compare with ``epoch_time``: the gap is what lies outside the steps)."""
-    full = run.info.get("steps_per_epoch")
-    epochs = sorted({r.epoch for r in run.epochs if full is None or r.steps == full})
-    if not epochs:
+    """The epoch time as the steps tell it: per whole epoch, the sum of its steps' slowest-rank
+    times (warm-up included), median over the epochs ``epoch_time`` uses. The gap to
+    ``epoch_time`` is what lies outside the steps (the pipeline's start and end)."""
+    whole = sorted(set(_whole_epochs(run)["epoch"]))
+    if not whole:
         raise DataError(f"{run.path}: no whole epoch in timing.jsonl")
-    kept = epochs[warmup_epochs:] if len(epochs) > warmup_epochs else epochs
-    sums = step_sums(run)
-    return float(np.median([sums.get(e, 0.0) for e in kept]))
+    sums = _slowest_steps(run).groupby("epoch")["total_s"].sum()
+    return float(np.median([sums.get(e, 0.0) for e in _after_warmup(whole, warmup_epochs)]))
 
 
 def epoch_times(run: Run) -> np.ndarray:
@@ -124,17 +109,7 @@ def epoch_times(run: Run) -> np.ndarray:
     Returns:
       float64 [num_epochs], ordered by epoch index.
     """
-    # An epoch resumed mid-way ran only part of its steps in its record: not an epoch's time.
-    full = run.info.get("steps_per_epoch")
-    records = [r for r in run.epochs if full is None or r.steps == full]
-    if not records:
-        return np.zeros(0)
-    epoch = np.array([r.epoch for r in records], dtype=np.int64)
-    time_s = np.array([r.time_s for r in records], dtype=np.float64)
-    index, inverse = np.unique(epoch, return_inverse=True)
-    slowest = np.full(len(index), -np.inf)
-    np.maximum.at(slowest, inverse.ravel(), time_s)
-    return slowest
+    return _whole_epochs(run).groupby("epoch")["time_s"].max().to_numpy(dtype=np.float64)
 
 
 def epoch_time(run: Run, warmup_epochs: int = 1) -> float:
@@ -151,8 +126,7 @@ def epoch_time(run: Run, warmup_epochs: int = 1) -> float:
         raise DataError(
             f"{run.path}: no epoch records in timing.jsonl; did the run finish an epoch?"
         )
-    kept = times[warmup_epochs:] if times.size > warmup_epochs else times
-    return float(np.median(kept))
+    return float(np.median(_after_warmup(times, warmup_epochs)))
 
 
 def epoch_time_includes_warmup(run: Run, warmup_epochs: int = 1) -> bool:
@@ -170,19 +144,13 @@ def epoch_work(run: Run, warmup_epochs: int = 1) -> dict[str, float]:
         raise DataError(
             f"{run.path}: no epoch records in timing.jsonl; did the run finish an epoch?"
         )
-    epoch = np.array([r.epoch for r in run.epochs], dtype=np.int64)
-    index, inverse = np.unique(epoch, return_inverse=True)
-    inverse = inverse.ravel()
-    totals = {}
-    for name in ("graphs", "edges"):
-        per_epoch = np.zeros(len(index))
-        np.add.at(per_epoch, inverse, np.array([getattr(r, name) for r in run.epochs], dtype=float))
-        totals[name] = per_epoch
-    steps = np.zeros(len(index))
-    np.maximum.at(steps, inverse, np.array([r.steps for r in run.epochs], dtype=float))
-    totals["steps"] = steps
-    first = warmup_epochs if len(index) > warmup_epochs else 0
-    return {name: float(np.median(v[first:])) for name, v in totals.items()}
+    per_epoch = (
+        _frame(run.epochs, EpochRecord)
+        .groupby("epoch")
+        .agg({"graphs": "sum", "edges": "sum", "steps": "max"})
+    )
+    kept = _after_warmup(per_epoch.astype(np.float64), warmup_epochs)
+    return {name: float(value) for name, value in kept.median().items()}
 
 
 def speedup(t1: float, tn: float) -> float:
@@ -231,6 +199,31 @@ def energy_per_epoch(power_watts: float, epoch_s: float) -> float:
     if power_watts < 0 or epoch_s < 0:
         raise ValueError(f"power_watts and epoch_s must be >= 0, got {power_watts}, {epoch_s}")
     return power_watts * epoch_s
+
+
+def _frame(records: Sequence[object], kind: type) -> pd.DataFrame:
+    columns = [f.name for f in dataclasses.fields(kind)]
+    return pd.DataFrame([vars(r) for r in records], columns=columns)
+
+
+def _slowest_steps(run: Run) -> pd.DataFrame:
+    """One row per (epoch, step), in order: the slowest rank's times, warm if any rank was."""
+    steps = _frame(run.steps, StepRecord).astype({"warmup": bool})
+    return steps.groupby(["epoch", "step"]).agg(
+        {**dict.fromkeys(STEP_FIELDS, "max"), "warmup": "any"}
+    )
+
+
+def _whole_epochs(run: Run) -> pd.DataFrame:
+    # An epoch resumed mid-way ran only part of its steps in its record: not an epoch's time.
+    epochs = _frame(run.epochs, EpochRecord)
+    full = run.info.get("steps_per_epoch")
+    return epochs if full is None else epochs[epochs["steps"] == full]
+
+
+def _after_warmup(values, warmup_epochs: int):
+    """``values`` without the first ``warmup_epochs`` entries, unless that leaves none."""
+    return values[warmup_epochs:] if len(values) > warmup_epochs else values
 
 
 def _positive(**values: float) -> None:

@@ -13,14 +13,14 @@ per-worker compute shrinks as 1/N, which stops holding once batches get small or
 cores; ``validate_against`` measures how far off the model is on the runs made here.
 
 Public symbols: ``NetworkModel``, ``PRESETS``, ``Prediction``, ``Validation``,
-``DEFAULT_NS``, ``ring_allreduce_time``, ``predict_scaling``, ``fit_ring_model``,
-``network_from_config``, ``baseline_inputs``, ``validate_against``.
+``DEFAULT_NS``, ``ring_allreduce_time``, ``predict_scaling``, ``network_from_config``,
+``baseline_inputs``, ``validate_against``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -61,9 +61,9 @@ PRESETS: dict[str, NetworkModel] = {
         "infiniband-hdr", 200.0, 2.0, "InfiniBand HDR, one 200 Gb/s port per node, MPI latency"
     ),
     "ethernet-25g": NetworkModel("ethernet-25g", 25.0, 25.0, "25 Gb Ethernet with TCP"),
-    # Fitted with fit_ring_model to Horovod 0.28.1 Gloo allreduces between 2 ranks on this 2-core
-    # VM (eager hvd.allreduce of 4 KiB, 64 KiB, 1, 4, 16 MiB, median of 10: 4.33, 4.02, 5.97,
-    # 11.9, 30.3 ms); the fit gives 5.15 Gb/s and 2217 us. The "latency" is mostly Horovod's
+    # Least squares of the ring model to Horovod 0.28.1 Gloo allreduces between 2 ranks on this
+    # 2-core VM (eager hvd.allreduce of 4 KiB, 64 KiB, 1, 4, 16 MiB, median of 10: 4.33, 4.02,
+    # 5.97, 11.9, 30.3 ms) gives 5.15 Gb/s and 2217 us. The "latency" is mostly Horovod's
     # background cycle and eager dispatch, not the wire. (MPI on 2 shared cores was noisier.)
     "shared-memory": NetworkModel(
         "shared-memory",
@@ -104,7 +104,7 @@ class Validation:
       predicted_efficiency, measured_efficiency: step-time-based efficiency.
       relative_error: (predicted - measured) / measured efficiency.
       predicted_allreduce_s: the model's t(N).
-      measured_exchange_s: median measured exchange time, None when not measured.
+      measured_exchange_s: median measured exchange time (slowest rank).
     """
 
     n: int
@@ -115,21 +115,17 @@ class Validation:
     measured_efficiency: float
     relative_error: float
     predicted_allreduce_s: float
-    measured_exchange_s: Optional[float]
+    measured_exchange_s: float
 
     def describe(self) -> str:
         """One sentence for the report."""
-        exchange = (
-            f"; allreduce predicted {self.predicted_allreduce_s * 1e3:.2f} ms, measured "
-            f"{self.measured_exchange_s * 1e3:.2f} ms"
-            if self.measured_exchange_s is not None
-            else ""
-        )
         return (
             f"N={self.n} ({self.network}): predicted efficiency {self.predicted_efficiency:.3f}, "
             f"measured {self.measured_efficiency:.3f}, error {self.relative_error:+.1%} "
             f"(step {self.predicted_step_s * 1e3:.2f} ms predicted, "
-            f"{self.measured_step_s * 1e3:.2f} ms measured{exchange})"
+            f"{self.measured_step_s * 1e3:.2f} ms measured; allreduce predicted "
+            f"{self.predicted_allreduce_s * 1e3:.2f} ms, measured "
+            f"{self.measured_exchange_s * 1e3:.2f} ms)"
         )
 
 
@@ -181,31 +177,6 @@ def predict_scaling(
     return out
 
 
-def fit_ring_model(
-    n: int, sizes_bytes: Sequence[float], times_s: Sequence[float], name: str = "fitted"
-) -> NetworkModel:
-    """Least-squares bandwidth and latency of the ring model from measured allreduce times.
-
-    Args:
-      n: workers in the measurement (>= 2).
-      sizes_bytes: float [k] message sizes, at least two different ones.
-      times_s: float [k] measured allreduce times.
-      name: name of the returned model.
-
-    Returns:
-      The ``NetworkModel`` whose ``ring_allreduce_time`` best fits the points.
-    """
-    x = np.asarray(sizes_bytes, dtype=np.float64)
-    t = np.asarray(times_s, dtype=np.float64)
-    if n < 2 or x.shape != t.shape or len(np.unique(x)) < 2:
-        raise ValueError("need n >= 2 and times for at least two different sizes")
-    design = np.stack([2 * (n - 1) / n * x, np.full_like(x, 2 * (n - 1))], axis=1)
-    (seconds_per_byte, latency_s), *_ = np.linalg.lstsq(design, t, rcond=None)
-    if seconds_per_byte <= 0:
-        raise DataError("allreduce times do not grow with the message size: cannot fit a bandwidth")
-    return NetworkModel(name, float(8 / seconds_per_byte / 1e9), float(max(latency_s, 0.0) * 1e6))
-
-
 def network_from_config(config: ScalingConfig) -> NetworkModel:
     """The network of ``scaling.interconnect``, with ``bandwidth_gbps``/``latency_us`` overrides."""
     if config.interconnect == "custom":
@@ -223,7 +194,7 @@ def baseline_inputs(run: Run) -> tuple[float, int, str]:
 
     Returns:
       (step_compute_s, gradient_bytes, note): the median over non-warm-up steps of
-      ``total_s - exchange_s`` (exchange taken as 0 when not measured), the gradient bytes from
+      ``total_s - exchange_s``, the gradient bytes from
       run.json (else 4 bytes x num_params, said in the note).
 
     Raises:
@@ -233,7 +204,7 @@ def baseline_inputs(run: Run) -> tuple[float, int, str]:
         raise DataError(
             f"{run.path}: the model needs the single-worker run, this one has N={run.num_workers}"
         )
-    values = [r.total_s - (r.exchange_s or 0.0) for r in run.steps if not r.warmup]
+    values = [r.total_s - r.exchange_s for r in run.steps if not r.warmup]
     if not values:
         raise DataError(
             f"{run.path}: no non-warm-up steps in timing.jsonl; run more steps than "
@@ -276,20 +247,19 @@ def validate_against(
             f"got N = {', '.join(str(r.num_workers) for r in runs)}"
         )
     compute_s, gradient_bytes, _ = baseline_inputs(baseline[0])
-    t1 = _median_step(baseline[0])
+    t1 = maths.run_step_statistics(baseline[0])["median"]
     out = []
     for run in sorted(runs, key=lambda r: r.num_workers):
         n = run.num_workers
         if n == 1:
             continue
         (pred,) = predict_scaling(compute_s, gradient_bytes, network, mode, ns=(n,))
-        tn = _median_step(run)
+        tn = maths.run_step_statistics(run)["median"]
         measured = (
             maths.strong_efficiency(t1, tn, n)
             if mode == "strong"
             else maths.weak_efficiency(t1, tn)
         )
-        exchange = maths.step_times(run, "exchange_s")
         out.append(
             Validation(
                 n=n,
@@ -300,17 +270,7 @@ def validate_against(
                 measured_efficiency=measured,
                 relative_error=(pred.efficiency - measured) / measured,
                 predicted_allreduce_s=pred.allreduce_s,
-                measured_exchange_s=float(np.median(exchange)) if exchange.size else None,
+                measured_exchange_s=float(np.median(maths.step_times(run, "exchange_s"))),
             )
         )
     return out
-
-
-def _median_step(run: Run) -> float:
-    times = maths.step_times(run, "total_s")
-    if times.size == 0:
-        raise DataError(
-            f"{run.path}: no non-warm-up steps in timing.jsonl; run more steps than "
-            "scaling.timing_warmup_steps"
-        )
-    return float(np.median(times))

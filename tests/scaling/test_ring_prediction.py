@@ -40,20 +40,6 @@ def test_default_worker_counts_and_falling_efficiency():
     assert effs == sorted(effs, reverse=True) and 0 < effs[-1] < effs[0] < 1
 
 
-def test_fit_recovers_bandwidth_and_latency():
-    truth = NetworkModel("truth", 40.0, 25.0)
-    sizes = [1e3, 1e5, 1e6, 1e7]
-    times = [predict.ring_allreduce_time(b, 3, truth) for b in sizes]
-    fitted = predict.fit_ring_model(3, sizes, times)
-    assert fitted.bandwidth_gbps == pytest.approx(40.0)
-    assert fitted.latency_us == pytest.approx(25.0)
-
-
-def test_fit_needs_two_sizes():
-    with pytest.raises(ValueError, match="at least two different sizes"):
-        predict.fit_ring_model(2, [1e6, 1e6], [0.1, 0.2])
-
-
 def test_network_from_config_presets_and_overrides():
     assert (
         predict.network_from_config(ScalingConfig(interconnect="nvlink"))

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hvdtrack.scaling.summary import write_summary
+from hvdtrack.scaling.report import write_summary
 from tests.scaling.conftest import write_synthetic_run
 
 
