@@ -27,6 +27,7 @@ import numpy as np
 from hvdtrack.graphs.construction import HitGraph
 from hvdtrack.inputs.pipeline import plan_train_epoch, train_dataset
 from hvdtrack.records import RecordsConfig, encode_graph, open_dataset, write_dataset
+from hvdtrack.records.schema import FIELDS
 
 
 def random_graphs(num_graphs: int, num_nodes: int, num_edges: int, seed: int) -> list[HitGraph]:
@@ -52,6 +53,15 @@ def random_graphs(num_graphs: int, num_nodes: int, num_edges: int, seed: int) ->
     return graphs
 
 
+def array_bytes(num_nodes: np.ndarray, num_edges: np.ndarray) -> np.ndarray:
+    """Bytes of the arrays of graphs with these node and edge counts [G], as the schema stores them."""
+    size = {"N": 0, "E": 0}
+    for field in FIELDS:
+        if field.is_array:
+            size[field.shape[0]] += np.dtype(field.dtype).itemsize * (field.feature_size or 1)
+    return num_nodes * size["N"] + num_edges * size["E"]
+
+
 def time_epochs(
     dataset_dir: Path,
     manifest,
@@ -64,7 +74,7 @@ def time_epochs(
     """Times one worker reading ``repeats`` epochs (after a warm-up epoch) through one dataset,
     and separately the setup of a fresh one-epoch dataset (build, first batch, teardown)."""
     table = manifest.split_table("train")
-    graph_bytes = table.num_nodes * (3 * 4 + 8) + table.num_edges * (4 * 4 + 4 + 4 + 4)
+    graph_bytes = array_bytes(table.num_nodes, table.num_edges)
     shard_bytes = sum(s.num_bytes for s in manifest.shards_in("train"))
     plans = [
         plan_train_epoch(

@@ -39,6 +39,12 @@ from hvdtrack.train.timing import read_run
 
 # Keys the sweep sets itself for every run; an override of them would break the comparison.
 SWEEP_KEYS = ("distributed.strategy", "train.batch_graphs", "train.run_dir")
+# Strong scaling splits a fixed global batch over N workers, weak scaling keeps the batch per
+# worker: mode -> (its option, what it fixes).
+BATCH_OPTIONS = {
+    "strong": ("--global-batch", "global batch"),
+    "weak": ("--batch", "batch per worker"),
+}
 _RANK_LINE = re.compile(r"^\[\d+(,\d+)?\]<std(err|out)>:")
 
 
@@ -197,35 +203,29 @@ def plan_sweep(
                 f"override '{text}': the sweep sets {key} itself "
                 "(use --global-batch / --batch for the batch and --out for the run directories)"
             )
+    option, what = BATCH_OPTIONS[mode]
+    other_mode = "weak" if mode == "strong" else "strong"
+    given, other = (global_batch, batch) if mode == "strong" else (batch, global_batch)
+    if other is not None:
+        raise ConfigError(
+            f"{BATCH_OPTIONS[other_mode][0]} is for {other_mode} scaling; "
+            f"{mode} scaling takes {option}"
+        )
     config_batch = _config_batch(config)
-    if mode == "strong":
-        if batch is not None:
-            raise ConfigError("--batch is for weak scaling; strong scaling takes --global-batch")
-        total = global_batch or config_batch
-        if total is None or total < 1:
-            raise ConfigError(
-                f"strong scaling needs the global batch: pass --global-batch (the config {config} "
-                "sets no train.batch_graphs)"
-            )
-        bad = [n for n in nps if total % n]
-        if bad:
-            lcm = math.lcm(*nps)
-            raise ConfigError(
-                f"strong scaling keeps the global batch fixed: {total} graphs cannot be split "
-                f"evenly over N = {', '.join(map(str, bad))} workers; choose a --global-batch that "
-                f"is a multiple of {lcm}"
-            )
-        batches = {n: total // n for n in nps}
-    else:
-        if global_batch is not None:
-            raise ConfigError("--global-batch is for strong scaling; weak scaling takes --batch")
-        per_worker = batch or config_batch
-        if per_worker is None or per_worker < 1:
-            raise ConfigError(
-                f"weak scaling needs the batch per worker: pass --batch (the config {config} "
-                "sets no train.batch_graphs)"
-            )
-        batches = {n: per_worker for n in nps}
+    value = given or config_batch
+    if value is None or value < 1:
+        raise ConfigError(
+            f"{mode} scaling needs the {what}: pass {option} (the config {config} "
+            "sets no train.batch_graphs)"
+        )
+    bad = [n for n in nps if mode == "strong" and value % n]
+    if bad:
+        raise ConfigError(
+            f"strong scaling keeps the global batch fixed: {value} graphs cannot be split "
+            f"evenly over N = {', '.join(map(str, bad))} workers; choose a --global-batch that "
+            f"is a multiple of {math.lcm(*nps)}"
+        )
+    batches = {n: value // n if mode == "strong" else value for n in nps}
 
     prepare = [python, "-m", "hvdtrack.prepare", "--config", str(config)]
     horovodrun = Path(python).parent / "horovodrun"
@@ -342,43 +342,31 @@ def write_slurm_scripts(
 
     slurm_dir = plan.out_dir / "slurm"
     workdir = Path(workdir or os.getcwd()).absolute()
-    scripts: dict[str, str] = {}
-    scripts["prepare.sbatch"] = _sbatch(
-        f"hvdtrack-{plan.mode}-prepare",
-        1,
-        1,
-        None,
-        options,
-        slurm_dir,
-        workdir,
-        shlex.join(plan.prepare),
-    )
-    names = []
+    # script name -> (job name, nodes, tasks per node, GPUs per node, command)
+    jobs = {"prepare.sbatch": ("prepare", 1, 1, None, plan.prepare)}
     for n in plan.nps:
-        nodes, per_node = options.layout(n)
-        name = f"{plan.mode}-np{n}.sbatch"
         srun = ["srun", f"--mpi={options.srun_mpi}", *plan.train[n]]
-        scripts[name] = _sbatch(
-            f"hvdtrack-{plan.mode}-np{n}",
+        jobs[f"{plan.mode}-np{n}.sbatch"] = (
+            f"np{n}",
+            *options.layout(n),
+            options.gpus_per_node,
+            srun,
+        )
+    jobs["report.sbatch"] = ("report", 1, 1, None, plan.report_command(python))
+    scripts = {
+        name: _sbatch(
+            f"hvdtrack-{plan.mode}-{job}",
             nodes,
             per_node,
-            options.gpus_per_node,
+            gpus,
             options,
             slurm_dir,
             workdir,
-            shlex.join(srun),
+            shlex.join(command),
         )
-        names.append(name)
-    scripts["report.sbatch"] = _sbatch(
-        f"hvdtrack-{plan.mode}-report",
-        1,
-        1,
-        None,
-        options,
-        slurm_dir,
-        workdir,
-        shlex.join(plan.report_command(python)),
-    )
+        for name, (job, nodes, per_node, gpus, command) in jobs.items()
+    }
+    names = list(jobs)[1:-1]
     scripts["submit_all.sh"] = _submit_all(plan, names)
 
     paths = {name: slurm_dir / name for name in scripts}
