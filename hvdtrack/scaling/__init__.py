@@ -7,9 +7,9 @@ records they read are defined where training writes them, ``hvdtrack.train.timin
 - ``energy``: ``EnergyMeter`` (RAPL, NVML or a labelled estimate).
 - ``maths``: speedup, efficiencies, step statistics, cost and energy per epoch.
 - ``predict``: ring-allreduce model, efficiency at N = 8..1024, validation on measured runs.
-- ``report``: Markdown/CSV/JSON tables and PNG plots from run directories.
-- ``summary``: the report of one run, with where each epoch's time went.
+- ``report``: the report of one run (epochs, where their time went) or of a sweep (tables in
+  Markdown, CSV and JSON, PNG plots); ``tables`` writes its Markdown, ``plots`` its PNGs.
 - ``sweep``: the ``run`` command (horovodrun locally, or SLURM scripts).
 
-Command line: ``python -m hvdtrack.scaling {run,report,predict,energy} --help``.
+Command line: ``python -m hvdtrack.scaling {run,report,summary,predict,energy} --help``.
 """
