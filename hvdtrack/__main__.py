@@ -4,4 +4,5 @@ import sys
 
 from hvdtrack.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

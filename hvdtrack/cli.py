@@ -1,63 +1,75 @@
-"""The ``hvdtrack`` command: ``hvdtrack prepare|train|scaling|bench ...`` and the shared error guard."""
+"""The ``hvdtrack`` command: ``hvdtrack prepare|train|evaluate|scaling|bench ...``.
+
+It imports only the chosen command's module, after that command's settings are applied
+(``hvdtrack.entry``); each module owns its ``main`` and runs alone as ``python -m MODULE``.
+"""
 
 from __future__ import annotations
 
-import os
+import importlib
 import sys
-from typing import Callable, Sequence
+from typing import Mapping, NamedTuple, Optional, Sequence
 
-USAGE = """usage: hvdtrack COMMAND [ARGS]
-
-commands:
-  prepare   events (synthetic or TrackML CSV) -> hit graphs -> TFRecord shards + manifest
-  train     train the segment classifier (local, horovod, mirrored or multiworker)
-  evaluate  score a split with a trained run's best (or latest) checkpoint
-  scaling   run a strong/weak scaling sweep, or report on run directories
-  bench     benchmarks: construct, read, model, distributed
-
-`hvdtrack COMMAND --help` describes each command."""
+from hvdtrack import entry
 
 
-def quiet_tensorflow() -> None:
-    """Hides TensorFlow's C++ INFO banner; must run before TensorFlow is imported."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+class Command(NamedTuple):
+    module: str  # its ``main(argv) -> int`` is the command
+    summary: str
+    settings: Mapping[str, str] = entry.TRAINING
 
 
-def guarded(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None) -> int:
-    """Runs an entry point; a user error prints one clear line and returns its exit code."""
-    from hvdtrack.errors import HvdtrackError
+COMMANDS = {
+    "prepare": Command(
+        "hvdtrack.prepare",
+        "events (synthetic or TrackML CSV) -> hit graphs -> TFRecord shards + manifest",
+    ),
+    "train": Command(
+        "hvdtrack.train.__main__",
+        "train the segment classifier (local, horovod, mirrored or multiworker)",
+    ),
+    "evaluate": Command(
+        "hvdtrack.train.inference",
+        "score a split with a trained run's best (or latest) checkpoint",
+    ),
+    "scaling": Command(
+        "hvdtrack.scaling.__main__",
+        "run a strong/weak scaling sweep, or report on run directories",
+    ),
+    # The benchmarks choose TensorFlow's allocator themselves (bench model --bfc-allocator).
+    "bench": Command(
+        "hvdtrack.bench.__main__", "benchmarks: construct, read, model, distributed", entry.QUIET
+    ),
+}
 
-    try:
-        return main(argv)
-    except HvdtrackError as err:
-        print(f"hvdtrack: error: {err}", file=sys.stderr, flush=True)
-        return err.exit_code
-    except KeyboardInterrupt:
-        print("hvdtrack: interrupted", file=sys.stderr)
-        return 130
+USAGE = (
+    "usage: hvdtrack COMMAND [ARGS]\n\ncommands:\n"
+    + "\n".join(f"  {name:<9} {c.summary}" for name, c in COMMANDS.items())
+    + "\n\n`hvdtrack COMMAND --help` describes each command."
+)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def guarded(main: entry.Main, argv: Optional[Sequence[str]] = None) -> int:
+    """Transitional, for ``hvdtrack.scaling.__main__`` until it ends with ``run(main)`` like the
+    other commands: the guard of ``entry.run``, without settings. Do not use in new code."""
+    return entry.run(main, argv, settings={})
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
-    command, rest = argv[0], argv[1:]
-    quiet_tensorflow()
-    if command == "prepare":
-        from hvdtrack.prepare import main as entry
-    elif command == "train":
-        from hvdtrack.train.__main__ import main as entry
-    elif command == "evaluate":
-        from hvdtrack.train.inference import main as entry
-    elif command == "scaling":
-        from hvdtrack.scaling.__main__ import main as entry
-    elif command == "bench":
-        from hvdtrack.bench.__main__ import main as entry
-    else:
-        print(f"hvdtrack: error: unknown command '{command}'\n\n{USAGE}", file=sys.stderr)
+    name, rest = argv[0], argv[1:]
+    command = COMMANDS.get(name)
+    if command is None:
+        print(f"hvdtrack: error: unknown command '{name}'\n\n{USAGE}", file=sys.stderr)
         return 2
-    return guarded(entry, rest)
+
+    def command_main(args: Optional[Sequence[str]]) -> int:
+        return importlib.import_module(command.module).main(args)
+
+    return entry.run(command_main, rest, command.settings)
 
 
 if __name__ == "__main__":

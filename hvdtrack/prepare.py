@@ -26,18 +26,10 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from hvdtrack.cli import guarded, quiet_tensorflow
-from hvdtrack.config import (
-    Config,
-    DataConfig,
-    config_to_dict,
-    load_config,
-    packaged_configs,
-    resolve_config_path,
-)
 from hvdtrack.configtools import to_mapping
+from hvdtrack.entry import run
 from hvdtrack.errors import DataError
 from hvdtrack.events import synthetic, trackml
 from hvdtrack.graphs.construction import build_hit_graphs
@@ -45,6 +37,11 @@ from hvdtrack.graphs.report import ConstructionReport
 from hvdtrack.records.manifest import MANIFEST_NAME, Manifest, check_shard_files
 from hvdtrack.records.shards import DatasetWriter, EncodedGraph, encode_graph, split_events
 from hvdtrack.utils.io import atomic_write, ordinary_permissions, write_json
+
+if TYPE_CHECKING:
+    # hvdtrack.config imports the model, hence TensorFlow: the command imports it in main(),
+    # after its settings are applied (hvdtrack.entry).
+    from hvdtrack.config import Config, DataConfig
 
 PREPARE_INFO = "prepare.json"
 FIRST_EVENT_ID = 1000
@@ -200,6 +197,8 @@ def _build(config: Config, out: Path, progress: bool) -> dict:
         "splits": {name: r.to_dict() for name, r in per_split.items()},
         "shards": len(manifest.shards) if hasattr(manifest, "shards") else None,
     }
+    from hvdtrack.config import config_to_dict
+
     markdown = _markdown(report, per_split, total, data)
     with atomic_write(out / "report.md") as f:
         f.write(markdown)
@@ -360,6 +359,8 @@ def _markdown(report: dict, per_split: dict, total: ConstructionReport, data: Da
 
 
 def parser() -> argparse.ArgumentParser:
+    from hvdtrack.config import packaged_configs
+
     p = argparse.ArgumentParser(prog="hvdtrack prepare", description=__doc__.splitlines()[0])
     p.add_argument(
         "--config",
@@ -375,12 +376,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from hvdtrack.config import load_config, resolve_config_path
+
     args = parser().parse_args(argv)
-    quiet_tensorflow()
     config = load_config(resolve_config_path(args.config), args.overrides)
     prepare_dataset(config, force=args.force, progress=not args.no_progress)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(guarded(main))
+    sys.exit(run(main))

@@ -13,7 +13,7 @@ import re
 import sys
 from typing import Sequence
 
-from hvdtrack.cli import guarded, quiet_tensorflow
+from hvdtrack.entry import run
 
 
 def parser() -> argparse.ArgumentParser:
@@ -71,7 +71,6 @@ packaged configurations (--config NAME; configs/NAME.yaml in a checkout):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    quiet_tensorflow()
     args = parser().parse_args(argv)
     from hvdtrack.config import config_to_dict, load_config, resolve_config_path
 
@@ -130,4 +129,4 @@ def _peer_failure(err: Exception, config):
 
 
 if __name__ == "__main__":
-    sys.exit(guarded(main))
+    sys.exit(run(main))

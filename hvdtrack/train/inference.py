@@ -129,6 +129,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    from hvdtrack.cli import guarded
+    from hvdtrack.entry import run
 
-    sys.exit(guarded(main))
+    sys.exit(run(main))
