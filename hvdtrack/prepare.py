@@ -21,7 +21,6 @@ import multiprocessing
 import os
 import shutil
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -36,7 +35,7 @@ from hvdtrack.graphs.construction import build_hit_graphs
 from hvdtrack.graphs.report import ConstructionReport
 from hvdtrack.records.manifest import MANIFEST_NAME, Manifest, check_shard_files
 from hvdtrack.records.shards import DatasetWriter, EncodedGraph, encode_graph, split_events
-from hvdtrack.utils.io import atomic_write, ordinary_permissions, write_json
+from hvdtrack.utils.io import Staged, atomic_write, write_json
 
 if TYPE_CHECKING:
     # hvdtrack.config imports the model, hence TensorFlow: the command imports it in main(),
@@ -138,15 +137,9 @@ def prepare_dataset(config: Config, force: bool = False, progress: bool = True) 
     _check_replaceable(target)
     if not force and (target / PREPARE_INFO).is_file():
         print(f"[prepare] rebuilding {target}: {reason}", flush=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    ordinary_permissions(staging, directory=True)
-    try:
-        report = _build(config, staging, progress)
-        _swap_into_place(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with Staged() as staged:  # built beside the target, swapped in only when complete
+        report = _build(config, staged.path(target, directory=True), progress)
+        staged.commit()
     return report
 
 
@@ -311,16 +304,6 @@ def _check_replaceable(target: Path) -> None:
         "nothing was changed. Point data.dataset_dir at a new or empty directory, or move the "
         "files away yourself"
     )
-
-
-def _swap_into_place(staging: Path, target: Path) -> None:
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
-        target.rename(old)
-    staging.rename(target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _bar(enabled: bool, total: int):

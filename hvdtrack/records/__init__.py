@@ -22,7 +22,6 @@ from hvdtrack.records.shards import (
     encode_graph,
     split_events,
     write_dataset,
-    write_shards,
 )
 
 __all__ = [
@@ -41,5 +40,4 @@ __all__ = [
     "split_events",
     "verify_checksums",
     "write_dataset",
-    "write_shards",
 ]

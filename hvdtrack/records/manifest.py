@@ -6,7 +6,7 @@ number of graphs, sha256, bytes) and every graph (split, shard index within the 
 index within the shard, event_id, section, num_nodes, num_edges, num_true_edges). Readers plan
 from the manifest alone; shards are opened only to read graphs.
 
-Public symbols: ``MANIFEST_NAME``, ``FORMAT_NAME``, ``ShardInfo``, ``GraphInfo``, ``GraphEntry``,
+Public symbols: ``MANIFEST_NAME``, ``FORMAT_NAME``, ``ShardInfo``, ``GraphInfo``,
 ``SplitTable``, ``Manifest``, ``shard_file_name``, ``shard_problem``, ``check_shard_files``,
 ``verify_checksums``, ``check_splits``, ``open_dataset``, ``sha256_of_file``.
 """
@@ -38,23 +38,15 @@ _PREPARE = "re-run hvdtrack prepare"
 
 @dataclasses.dataclass(frozen=True)
 class GraphInfo:
-    """What the manifest records about one graph (besides where it is stored)."""
+    """One graph of a dataset: where it is stored and what it holds (a manifest row).
 
-    event_id: int
-    section: int
-    num_nodes: int
-    num_edges: int
-    num_true_edges: int
+    ``split``, ``shard`` (index within the split) and ``record`` (index within the shard) are
+    known once the graph is written; until then (``encode_graph``) they are "", -1 and -1.
+    """
 
-
-@dataclasses.dataclass(frozen=True)
-class GraphEntry:
-    """One graph of the manifest: its split, shard index within the split, record index within
-    the shard, and its ``GraphInfo`` fields."""
-
-    split: str
-    shard: int
-    record: int
+    split: str = dataclasses.field(default="", kw_only=True)
+    shard: int = dataclasses.field(default=-1, kw_only=True)
+    record: int = dataclasses.field(default=-1, kw_only=True)
     event_id: int
     section: int
     num_nodes: int
@@ -139,7 +131,7 @@ class Manifest:
     compression: str
     splits: tuple[str, ...]
     shards: tuple[ShardInfo, ...]
-    graphs: tuple[GraphEntry, ...]
+    graphs: tuple[GraphInfo, ...]
     graphs_per_shard: int = 0
     seed: int = 0
 
@@ -159,7 +151,7 @@ class Manifest:
                 names.append(shard.split)
         ordered = sorted(shards, key=lambda s: (names.index(s.split), s.index))
         graphs = tuple(
-            GraphEntry(s.split, s.index, record, **dataclasses.asdict(info))
+            dataclasses.replace(info, split=s.split, shard=s.index, record=record)
             for s in ordered
             for record, info in enumerate(s.graphs)
         )
@@ -279,7 +271,7 @@ class Manifest:
                 for i, name in enumerate(_typed(data["splits"], list, "splits", where))
             ),
             shards=_rows(ShardInfo, data["shards"], "shards", where),
-            graphs=_rows(GraphEntry, data["graphs"], "graphs", where),
+            graphs=_rows(GraphInfo, data["graphs"], "graphs", where),
             graphs_per_shard=_typed(
                 data.get("graphs_per_shard", 0), int, "graphs_per_shard", where
             ),

@@ -8,11 +8,12 @@ lists and encoding about 40x faster, measured on 5k-node / 40k-edge graphs); sca
 The numpy side (``graph_to_example``, ``example_to_graph``) encodes and decodes the protobuf
 wire format itself, so processes that only build graphs (a parallel ``prepare``) never import
 TensorFlow; the bytes are the same as ``tf.train.Example.SerializeToString(deterministic=True)``.
-The TensorFlow side (``parse_example``) is what tf.data pipelines map over serialized records.
+The TensorFlow side (``parse_example_batch``) is what tf.data pipelines map over batches of
+serialized records.
 
 Public symbols: ``SCHEMA_VERSION``, ``NODE_FEATURE_SIZE``, ``EDGE_FEATURE_SIZE``, ``FieldSpec``,
 ``FIELDS``, ``FIELDS_BY_NAME``, ``VERSION_KEY``, ``validate_graph``, ``graph_to_example``,
-``example_to_graph``, ``schema_version_of``, ``parse_example``, ``parse_example_batch``,
+``example_to_graph``, ``parse_example_batch``,
 ``version_mismatch_message``.
 """
 
@@ -220,11 +221,6 @@ def example_to_graph(serialized: bytes, where: str = "a record") -> HitGraph:
     return HitGraph(**values)
 
 
-def schema_version_of(serialized: bytes, where: str = "a record") -> int:
-    """Returns the schema version stored in a serialized record (-1 when it has none)."""
-    return _scalar(decode_features(serialized, where), VERSION_KEY, where, missing=-1)
-
-
 def version_mismatch_message(where: str, version: int) -> str:
     """The message for a record (or manifest) of another schema version."""
     found = "no schema version" if version < 0 else f"schema version {version}"
@@ -232,44 +228,6 @@ def version_mismatch_message(where: str, version: int) -> str:
 
 
 # ------------------------------------------------------------------------ TensorFlow side
-def parse_example(
-    serialized: Any, where: Any = "a record", fields: Optional[Sequence[str]] = None
-) -> dict[str, Any]:
-    """Parses one serialized record into tensors; for ``tf.data`` map functions.
-
-    Args:
-      serialized: scalar string tensor, one record.
-      where: scalar string (tensor) naming the record for the schema-version message.
-      fields: names of the fields to decode (default: all of ``FIELDS``).
-
-    Returns:
-      ``{name: tensor}``: ``nodes`` float32 [N, 3], ``edges`` float32 [E, 4], ``senders`` /
-      ``receivers`` int32 [E], ``labels`` float32 [E], ``hit_id`` int64 [N], scalars int64 [].
-
-    Raises:
-      tf.errors.InvalidArgumentError: (in graph mode, when the tensors are evaluated) for a
-        record of another schema version; the message reads "record 17 of ... has schema
-        version 2; this hvdtrack reads version 1 - re-run hvdtrack prepare".
-        ``hvdtrack.inputs.pipeline.read_errors_as_data_error`` turns it into a DataError.
-      DataError: the same, when called eagerly.
-    """
-    import tensorflow as tf
-
-    specs = _specs(fields)
-    parsed = tf.io.parse_single_example(serialized, _tf_features(specs))
-    checks = _version_checks(parsed.pop(VERSION_KEY)[None], tf.reshape(where, [1]))
-    out = {}
-    with tf.control_dependencies(checks):
-        for spec in specs:
-            value = parsed[spec.name]
-            if spec.is_array:
-                value = tf.io.decode_raw(value, tf.as_dtype(spec.dtype), little_endian=True)
-                if spec.feature_size:
-                    value = tf.reshape(value, [-1, spec.feature_size])
-            out[spec.name] = tf.identity(value)
-    return out
-
-
 def parse_example_batch(
     serialized: Any, where: Any, fields: Optional[Sequence[str]] = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -1,9 +1,9 @@
 """Writing graphs into shuffled, checksummed TFRecord shards plus the manifest, atomically.
 
-Graphs of a split are staged (serialized, appended to a hidden temporary file) as they arrive,
-then shuffled across ``ceil(G / graphs_per_shard)`` shards of near-equal size, each written to
-a temporary file and renamed into place only when every shard of the run is complete; the
-manifest is written last. An error at any point (a graph that fails validation, a full disk)
+Graphs of a split are kept (serialized, appended to an unnamed temporary file) as they arrive,
+then shuffled across ``ceil(G / graphs_per_shard)`` shards of near-equal size, each written
+beside its final name and renamed into place (``hvdtrack.utils.io.Staged``) only when every
+shard of the run is complete; the manifest is written last. An error at any point (a graph that fails validation, a full disk)
 leaves neither shards nor a manifest behind.
 
 Parallel prepare: ``encode_graph`` is plain numpy and returns a picklable ``EncodedGraph``
@@ -17,7 +17,7 @@ TensorFlow and the single writer in the parent only appends bytes::
         manifest = writer.finish()
 
 Public symbols: ``RecordsConfig``, ``EncodedGraph``, ``encode_graph``, ``split_events``,
-``DatasetWriter``, ``write_shards``, ``write_dataset``, ``index_shard_records``,
+``DatasetWriter``, ``write_dataset``, ``index_shard_records``,
 ``read_shard_examples``, ``first_unreadable_record``, ``read_split_graphs``.
 """
 
@@ -40,7 +40,6 @@ from hvdtrack.records.manifest import (
     _PREPARE,
     _SPLIT_NAME,
     MANIFEST_NAME,
-    GraphEntry,
     GraphInfo,
     Manifest,
     ShardInfo,
@@ -48,7 +47,7 @@ from hvdtrack.records.manifest import (
     shard_file_name,
 )
 from hvdtrack.records.schema import example_to_graph, graph_to_example
-from hvdtrack.utils.io import ordinary_permissions
+from hvdtrack.utils.io import Staged
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,7 +186,7 @@ class DatasetWriter:
                 self._old = Manifest.load(self.out_dir)
             manifest_path.unlink()  # the old dataset is invalid from here on
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self._staging: dict[str, _StagingFile] = {}
+        self._scratch: dict[str, _Scratch] = {}
         self._created: list[Path] = []
         self._finished = False
 
@@ -206,31 +205,21 @@ class DatasetWriter:
                 f"({', '.join(self.config.split_names)})"
             )
         encoded = graph if isinstance(graph, EncodedGraph) else encode_graph(graph)
-        if split not in self._staging:
-            self._staging[split] = _StagingFile(self.out_dir, split)
-        self._staging[split].append(encoded)
+        if split not in self._scratch:
+            self._scratch[split] = _Scratch(self.out_dir)
+        self._scratch[split].append(encoded)
 
     def finish(self) -> Manifest:
         """Writes every staged split's shards, then manifest.json; returns the manifest."""
         shards: list[ShardInfo] = []
-        temps: list[tuple[Path, Path]] = []
-        try:
+        with Staged() as staged:  # every split's shards, renamed into place together
             for split in self.config.split_names:
-                staging = self._staging.pop(split, None)
-                if staging is None:
+                scratch = self._scratch.pop(split, None)
+                if scratch is None:
                     continue
-                try:
-                    split_shards, split_temps = _write_staged_shards(
-                        staging, self.out_dir, split, self.config
-                    )
-                finally:
-                    staging.close()
-                shards += split_shards
-                temps += split_temps
-        except BaseException:
-            _remove([tmp for tmp, _ in temps])
-            raise
-        self._created += _rename_into_place(temps)
+                with scratch:
+                    shards += _write_shards(scratch, self.out_dir, split, self.config, staged)
+            self._created += staged.commit()
         manifest = Manifest.from_shards(
             shards,
             self.config.compression,
@@ -246,10 +235,10 @@ class DatasetWriter:
         return manifest
 
     def close(self) -> None:
-        """Removes staging files, and everything written unless ``finish()`` succeeded."""
-        for staging in self._staging.values():
-            staging.close()
-        self._staging.clear()
+        """Drops the staged graphs, and removes everything written unless ``finish()`` succeeded."""
+        for scratch in self._scratch.values():
+            scratch.close()
+        self._scratch.clear()
         if not self._finished:
             _remove(self._created)
             self._created.clear()
@@ -259,42 +248,6 @@ class DatasetWriter:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-
-def write_shards(
-    graphs: Iterable[Union[HitGraph, EncodedGraph]],
-    out_dir: str | os.PathLike,
-    split: str,
-    config: RecordsConfig,
-) -> list[ShardInfo]:
-    """Writes one split's graphs into shuffled shards (no manifest; see ``write_dataset``).
-
-    Args:
-      graphs: the split's graphs, ``HitGraph`` or already ``EncodedGraph``.
-      out_dir: dataset directory (created if needed).
-      split: split name, used in the file names.
-      config: shard size, compression and seed.
-
-    Returns:
-      The written shards by index, each with its ``graphs`` in record order. An empty input
-      writes nothing and returns [].
-
-    Raises:
-      DataError: for a graph that does not fit the schema; no shard is left behind.
-    """
-    if not _SPLIT_NAME.match(split):
-        raise ConfigError(f"split name '{split}' must be letters, digits and underscores")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    staging = _StagingFile(out_dir, split)
-    try:
-        for graph in graphs:
-            staging.append(graph if isinstance(graph, EncodedGraph) else encode_graph(graph))
-        shards, temps = _write_staged_shards(staging, out_dir, split, config)
-    finally:
-        staging.close()
-    _rename_into_place(temps)
-    return shards
 
 
 def write_dataset(
@@ -404,7 +357,7 @@ def first_unreadable_record(path: str | os.PathLike, compression: str = "none") 
 
 def read_split_graphs(
     dataset_dir: str | os.PathLike, manifest: Manifest, split: str
-) -> Iterator[tuple[GraphEntry, HitGraph]]:
+) -> Iterator[tuple[GraphInfo, HitGraph]]:
     """Yields ``(manifest entry, graph)`` for every graph of a split, in manifest order.
 
     Raises:
@@ -425,13 +378,12 @@ def read_split_graphs(
 
 
 # ---------------------------------------------------------------------------- internals
-class _StagingFile:
-    """Serialized examples appended to a hidden temporary file, with their offsets."""
+class _Scratch:
+    """Serialized examples appended to an unnamed temporary file, with their offsets (graphs
+    wait on disk, not in memory, until their split is shuffled into shards)."""
 
-    def __init__(self, out_dir: Path, split: str) -> None:
-        fd, name = tempfile.mkstemp(prefix=f".{split}.", suffix=".staging.tmp", dir=out_dir)
-        self.path = Path(name)
-        self.file = os.fdopen(fd, "w+b")
+    def __init__(self, out_dir: Path) -> None:
+        self.file = tempfile.TemporaryFile(dir=out_dir)
         self.offsets: list[int] = []
         self.lengths: list[int] = []
         self.infos: list[GraphInfo] = []
@@ -447,20 +399,23 @@ class _StagingFile:
         return self.file.read(self.lengths[index])
 
     def close(self) -> None:
-        if not self.file.closed:
-            self.file.close()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        self.file.close()
+
+    def __enter__(self) -> _Scratch:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
 
-def _write_staged_shards(
-    staging: _StagingFile, out_dir: Path, split: str, config: RecordsConfig
-) -> tuple[list[ShardInfo], list[tuple[Path, Path]]]:
-    """Writes shuffled shards to temporary files; returns their infos and (temp, final) paths."""
+def _write_shards(
+    scratch: _Scratch, out_dir: Path, split: str, config: RecordsConfig, staged: Staged
+) -> list[ShardInfo]:
+    """Writes a split's graphs, shuffled, into shards staged beside their final names."""
     import tensorflow as tf
 
-    staging.file.flush()
-    num_graphs = len(staging.infos)
+    scratch.file.flush()
+    num_graphs = len(scratch.infos)
     num_shards = -(-num_graphs // config.graphs_per_shard)
     # The split name joins the seed so that splits of one dataset are shuffled independently.
     rng = np.random.default_rng([config.seed, zlib.crc32(split.encode())])
@@ -474,46 +429,25 @@ def _write_staged_shards(
         else tf.io.TFRecordOptions(compression_type="")
     )
     shards: list[ShardInfo] = []
-    temps: list[tuple[Path, Path]] = []
-    try:
-        for index in range(num_shards):
-            name = shard_file_name(split, index, num_shards, config.compression)
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=out_dir)
-            ordinary_permissions(tmp)
-            os.close(fd)
-            temps.append((Path(tmp), out_dir / name))
-            members = permutation[bounds[index] : bounds[index + 1]]
-            with tf.io.TFRecordWriter(tmp, options) as writer:
-                for graph in members:
-                    writer.write(staging.read(int(graph)))
-            shards.append(
-                ShardInfo(
-                    file=name,
-                    split=split,
-                    index=index,
-                    num_graphs=int(members.size),
-                    sha256=sha256_of_file(tmp),
-                    num_bytes=os.path.getsize(tmp),
-                    graphs=tuple(staging.infos[int(g)] for g in members),
-                )
+    for index in range(num_shards):
+        name = shard_file_name(split, index, num_shards, config.compression)
+        tmp = staged.path(out_dir / name)
+        members = permutation[bounds[index] : bounds[index + 1]]
+        with tf.io.TFRecordWriter(str(tmp), options) as writer:
+            for graph in members:
+                writer.write(scratch.read(int(graph)))
+        shards.append(
+            ShardInfo(
+                file=name,
+                split=split,
+                index=index,
+                num_graphs=int(members.size),
+                sha256=sha256_of_file(tmp),
+                num_bytes=os.path.getsize(tmp),
+                graphs=tuple(scratch.infos[int(g)] for g in members),
             )
-    except BaseException:
-        _remove([tmp for tmp, _ in temps])
-        raise
-    return shards, temps
-
-
-def _rename_into_place(temps: list[tuple[Path, Path]]) -> list[Path]:
-    """Renames every (temp, final) pair; on failure removes the temps and the renamed files."""
-    done: list[Path] = []
-    try:
-        for tmp, final in temps:
-            os.replace(tmp, final)
-            done.append(final)
-    except BaseException:
-        _remove([tmp for tmp, _ in temps] + done)
-        raise
-    return done
+        )
+    return shards
 
 
 def _remove(paths: Iterable[Path]) -> None:

@@ -1,1 +1,1 @@
-"""Small helpers shared by every stage (atomic file writes)."""
+"""Small helpers shared by every stage (atomic file output: ``hvdtrack.utils.io``)."""

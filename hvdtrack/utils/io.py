@@ -1,37 +1,99 @@
-"""Atomic file output: write to a temporary sibling, then rename, so no reader sees half a file."""
+"""Atomic file output: write beside the final name, then rename, so no reader sees half a file.
+
+``Staged`` is the one mechanism: temporaries (files or directories) made beside their final
+names and renamed into place together. ``atomic_write`` (one file, fsynced) and ``write_json``
+are built on it; the shard writer stages a dataset's shards with it, prepare a whole dataset
+directory.
+
+Public symbols: ``Staged``, ``atomic_write``, ``write_json``, ``ordinary_permissions``.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterator
+
+
+class Staged:
+    """Files or directories written beside their final names, then renamed into place together.
+
+    ::
+
+        with Staged() as staged:
+            tmp = staged.path(out_dir / "train-00000-of-00002.tfrecord")  # an empty file
+            ...                                  # write tmp (and more staged paths)
+            staged.commit()                      # every temporary renamed to its final name
+
+    Leaving the block without ``commit()`` (an exception) removes the temporaries; a commit that
+    fails part-way removes what it had already renamed into place. A staged directory replaces
+    an existing one: the old directory is moved aside, then removed (or moved back if the
+    rename fails). Temporaries are hidden (``.NAME.XXXX.tmp``) and get ordinary permissions.
+    """
+
+    def __init__(self) -> None:
+        self._pairs: list[tuple[Path, Path]] = []
+
+    def path(self, final: str | os.PathLike, directory: bool = False) -> Path:
+        """A new empty temporary file (or directory) beside ``final``, renamed to it on commit."""
+        final = Path(final)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        prefix = f".{final.name}."
+        if directory:
+            tmp = tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=final.parent)
+        else:
+            fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=final.parent)
+            os.close(fd)
+        ordinary_permissions(tmp, directory)
+        self._pairs.append((Path(tmp), final))
+        return Path(tmp)
+
+    def commit(self) -> list[Path]:
+        """Renames every temporary to its final name, in the order staged; returns the finals."""
+        done: list[Path] = []
+        try:
+            for tmp, final in self._pairs:
+                _replace(tmp, final)
+                done.append(final)
+        except BaseException:
+            _remove(done)
+            raise
+        finally:
+            self.discard()
+        return done
+
+    def discard(self) -> None:
+        """Removes the temporaries not renamed yet."""
+        pairs, self._pairs = self._pairs, []
+        _remove(tmp for tmp, _ in pairs)
+
+    def __enter__(self) -> Staged:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.discard()
 
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO[Any]]:
     """Opens a temporary file beside ``path``; renames it to ``path`` only if the block succeeds.
 
+    The data is fsynced before the rename, so after a crash ``path`` is the old or the new file.
+
     Args:
       path: the final file name.
       mode: ``"w"`` (text) or ``"wb"`` (binary).
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    ordinary_permissions(tmp)
-    try:
-        with os.fdopen(fd, mode) as f:
+    with Staged() as staged:
+        with open(staged.path(path), mode) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+        staged.commit()
 
 
 def ordinary_permissions(path: str | os.PathLike, directory: bool = False) -> None:
@@ -54,3 +116,27 @@ def _json_default(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()
     raise TypeError(f"cannot serialise {type(value).__name__} to JSON")
+
+
+def _replace(tmp: Path, final: Path) -> None:
+    if not (tmp.is_dir() and final.exists()):
+        os.replace(tmp, final)
+        return
+    # rename() cannot replace a non-empty directory: move the old one aside first.
+    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    final.rename(old)
+    try:
+        tmp.rename(final)
+    except BaseException:
+        old.rename(final)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove(paths) -> None:
+    for path in paths:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)

@@ -11,7 +11,7 @@ import tensorflow as tf
 from hvdtrack.errors import DataError
 from hvdtrack.graphs.construction import HitGraph
 from hvdtrack.records import schema
-from hvdtrack.records.schema import example_to_graph, graph_to_example, parse_example
+from hvdtrack.records.schema import example_to_graph, graph_to_example, parse_example_batch
 
 
 def tiny_graph() -> HitGraph:
@@ -73,18 +73,24 @@ def test_negative_scalars_round_trip(graphs_equal):
     graphs_equal(example_to_graph(encoded), graph)
 
 
-def test_parse_example_in_tensorflow_matches_the_graph():
+def test_parse_example_batch_of_one_record_matches_the_graph():
     graph = tiny_graph()
-    parsed = parse_example(tf.constant(graph_to_example(graph)))
+    parsed, rows = parse_example_batch(tf.constant([graph_to_example(graph)]), tf.constant(["a"]))
+    assert rows["N"].numpy().tolist() == [3] and rows["E"].numpy().tolist() == [2]
     for field in schema.FIELDS:
         value = parsed[field.name].numpy()
-        np.testing.assert_array_equal(value, np.asarray(getattr(graph, field.name)))
+        expected = np.asarray(getattr(graph, field.name))
+        np.testing.assert_array_equal(value, expected if field.is_array else expected[None])
     assert parsed["nodes"].dtype == tf.float32 and parsed["senders"].dtype == tf.int32
     assert parsed["hit_id"].dtype == tf.int64 and parsed["edges"].shape == (2, 4)
 
 
-def test_parse_example_in_a_dataset_has_static_feature_sizes():
-    dataset = tf.data.Dataset.from_tensors(graph_to_example(tiny_graph())).map(parse_example)
+def test_parse_example_batch_in_a_dataset_has_static_feature_sizes():
+    dataset = (
+        tf.data.Dataset.from_tensors(graph_to_example(tiny_graph()))
+        .batch(1)
+        .map(lambda records: parse_example_batch(records, tf.constant(["a"]))[0])
+    )
     assert dataset.element_spec["nodes"].shape.as_list() == [None, 3]
     assert dataset.element_spec["edges"].shape.as_list() == [None, 4]
     assert dataset.element_spec["labels"].shape.as_list() == [None]
@@ -117,7 +123,6 @@ def test_parse_example_batch_refuses_records_whose_sizes_disagree():
 
 def test_record_of_another_version_is_refused_by_numpy_side():
     record = hand_made_record(2, tiny_graph())
-    assert schema.schema_version_of(record) == 2
     with pytest.raises(
         DataError,
         match=r"^record 17 of train-00003-of-00016\.tfrecord has schema version 2; this hvdtrack "
@@ -138,8 +143,12 @@ def test_record_of_another_version_is_refused_by_tensorflow_side():
     with pytest.raises(
         DataError, match="record 4 of x.tfrecord has schema version 2; this hvdtrack"
     ):
-        parse_example(tf.constant(record), "record 4 of x.tfrecord")  # eager
-    dataset = tf.data.Dataset.from_tensors(record).map(lambda s: parse_example(s, "record 0 of y"))
+        parse_example_batch(tf.constant([record]), tf.constant(["record 4 of x.tfrecord"]))
+    dataset = (
+        tf.data.Dataset.from_tensors(record)
+        .batch(1)
+        .map(lambda r: parse_example_batch(r, tf.constant(["record 0 of y"])))
+    )
     with pytest.raises(
         tf.errors.InvalidArgumentError,
         match="record 0 of y has schema version 2; this hvdtrack reads version 1 - re-run",

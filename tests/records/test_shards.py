@@ -22,7 +22,6 @@ from hvdtrack.records import (
     encode_graph,
     split_events,
     write_dataset,
-    write_shards,
 )
 from hvdtrack.records.manifest import sha256_of_file
 from hvdtrack.records.shards import first_unreadable_record, index_shard_records, read_split_graphs
@@ -141,18 +140,17 @@ def test_graphs_are_shuffled_across_shards_deterministically(tmp_path):
 
 
 def test_shards_have_near_equal_sizes(tmp_path):
-    shards = write_shards(
-        [small_graph(e, 0, 2, [1]) for e in range(10)],
+    manifest = write_dataset(
+        {"train": [small_graph(e, 0, 2, [1]) for e in range(10)]},
         tmp_path,
-        "train",
         RecordsConfig(graphs_per_shard=4),
     )
-    assert [(s.file, s.num_graphs) for s in shards] == [
+    assert [(s.file, s.num_graphs) for s in manifest.shards] == [
         ("train-00000-of-00003.tfrecord", 3),
         ("train-00001-of-00003.tfrecord", 4),
         ("train-00002-of-00003.tfrecord", 3),
     ]
-    assert sorted(g.event_id for s in shards for g in s.graphs) == list(range(10))
+    assert sorted(g.event_id for g in manifest.graphs) == list(range(10))
 
 
 def test_graph_failing_validation_half_way_leaves_nothing(tmp_path):
@@ -171,9 +169,6 @@ def test_graph_failing_validation_half_way_leaves_nothing(tmp_path):
         write_dataset(
             {"val": [small_graph(4, 0, 2, [1])], "train": graphs()}, tmp_path, RecordsConfig()
         )
-    assert files_in(tmp_path) == []
-    with pytest.raises(DataError, match="event 9"):
-        write_shards(graphs(), tmp_path, "train", RecordsConfig(graphs_per_shard=1))
     assert files_in(tmp_path) == []
 
 
@@ -262,9 +257,10 @@ def test_records_config_is_validated(mapping, message):
 
 def test_record_offsets_come_from_the_shard_framing(tmp_path):
     encoded = [encode_graph(small_graph(e, 0, 2, [1])) for e in range(3)]
-    (shard,) = write_shards(encoded, tmp_path, "train", RecordsConfig(graphs_per_shard=4))
-    lengths = {g.event_id: len(e.example) for g, e in zip([e.info for e in encoded], encoded)}
-    ordered = [lengths[g.event_id] for g in shard.graphs]
+    manifest = write_dataset({"train": encoded}, tmp_path, RecordsConfig(graphs_per_shard=4))
+    (shard,) = manifest.shards
+    lengths = {e.info.event_id: len(e.example) for e in encoded}
+    ordered = [lengths[g.event_id] for g in manifest.graphs]  # in record order
     path = tmp_path / shard.file
     offsets = index_shard_records(path, num_records=3)
     assert offsets.tolist() == [0, 16 + ordered[0], 32 + ordered[0] + ordered[1]]
