@@ -293,6 +293,71 @@ def test_cpu_recipes_use_the_ci_python(recipe):
     assert _base_image(recipe) == "python:3.11-slim-bookworm"
 
 
+# The Python a distribution's python3 package is; a recipe that installs python3.X names X.
+DISTRO_PYTHON = {"bookworm": "3.11", "ubuntu22.04": "3.10", "ubuntu24.04": "3.12"}
+
+
+def _python_requires():
+    from packaging.specifiers import SpecifierSet
+
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    return SpecifierSet(cfg["options"]["python_requires"])
+
+
+def _recipe_python(recipe: str) -> str:
+    """The Python version the recipe installs hvdtrack into, as the recipe is written."""
+    image = _base_image(recipe)
+    official = re.match(r"python:(\d+\.\d+)", image)
+    if official:
+        return official.group(1)
+    env, _, _ = _install_invocation(recipe)
+    named = re.fullmatch(r"(?:\S*/)?python(\d+\.\d+)", env.get("PYTHON", ""))
+    if named:
+        assert f"python{named.group(1)}" in _apt_installed(recipe), f"{recipe}: not installed"
+        return named.group(1)
+    distro = next(d for d in DISTRO_PYTHON if d in image)
+    return DISTRO_PYTHON[distro]
+
+
+def test_python_requires_claims_exactly_the_python_ci_runs():
+    # CI (.ci/run -> run_scripts/run_tests.sh) runs the suite on one interpreter: this one.
+    claim = _python_requires()
+    ci = f"{sys.version_info.major}.{sys.version_info.minor}"
+    claimed = {f"3.{minor}" for minor in range(6, 20) if f"3.{minor}.0" in claim}
+    assert claimed == {ci}, f"setup.cfg python_requires '{claim}' claims {sorted(claimed)}"
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipe_python_is_inside_python_requires(recipe):
+    version = _recipe_python(recipe)
+    assert f"{version}.0" in _python_requires(), f"{recipe}: Python {version}"
+
+
+def test_recipe_python_is_read_from_the_recipe(tmp_path, monkeypatch):
+    assert _recipe_python("Dockerfile") == "3.11" and _recipe_python("Dockerfile.gpu") == "3.11"
+    bare = (DOCKER / "Dockerfile.gpu").read_text().replace("PYTHON=python3.11 ", "")
+    (tmp_path / "Dockerfile.gpu").write_text(bare)
+    monkeypatch.setattr(sys.modules[__name__], "DOCKER", tmp_path)
+    assert _recipe_python("Dockerfile.gpu") == "3.10"  # Ubuntu 22.04's python3
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_image_runs_as_an_ordinary_user_who_can_write_the_working_directory(dockerfile):
+    instructions = _dockerfile(dockerfile)
+    users = [args.strip() for keyword, args in instructions if keyword == "USER"]
+    assert users and users[-1].split(":")[0] not in (
+        "root",
+        "0",
+    ), f"{dockerfile}: runs as {users or 'root'}"
+    last_run = max(i for i, (keyword, _) in enumerate(instructions) if keyword == "RUN")
+    last_user = max(i for i, (keyword, _) in enumerate(instructions) if keyword == "USER")
+    assert last_user > last_run, f"{dockerfile}: USER must follow the last RUN"
+    workdirs = [args.strip() for keyword, args in instructions if keyword == "WORKDIR"]
+    setup = " ".join(line for line, _ in _shell_lines(dockerfile))
+    assert "useradd" in setup and re.search(rf"chown \S*{users[-1]}\S* {workdirs[-1]}\b", setup)
+
+
 def test_gpu_base_is_a_cuda_devel_image_matching_the_tensorflow_pin():
     cfg = configparser.ConfigParser()
     cfg.read(REPO / "setup.cfg")
