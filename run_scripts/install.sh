@@ -75,11 +75,13 @@ missing=()
 for p in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# For tests only: an sshd per test host (run_scripts/test_hosts.sh, which needs root anyway).
+# For tests only: an sshd per test host (run_scripts/test_hosts.sh, which needs root anyway) and
+# a one-node SLURM cluster (run_scripts/slurm_cluster.sh: slurm-wlm and munge).
 # Installed when root may call apt-get; images and HVDTRACK_SKIP_APT=1 go without.
 if [ "$(id -u)" = 0 ] && [ "${HVDTRACK_SKIP_APT:-0}" != 1 ]; then
-    dpkg-query -W -f='${Status}' openssh-server 2>/dev/null | grep -q "install ok installed" ||
-        missing+=(openssh-server)
+    for p in openssh-server slurm-wlm munge; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
 fi
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "${HVDTRACK_SKIP_APT:-0}" = 1 ]; then
