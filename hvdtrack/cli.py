@@ -49,12 +49,6 @@ USAGE = (
 )
 
 
-def guarded(main: entry.Main, argv: Optional[Sequence[str]] = None) -> int:
-    """Transitional, for ``hvdtrack.scaling.__main__`` until it ends with ``run(main)`` like the
-    other commands: the guard of ``entry.run``, without settings. Do not use in new code."""
-    return entry.run(main, argv, settings={})
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):

@@ -15,8 +15,6 @@ import pytest
 import hvdtrack
 
 PACKAGE = Path(hvdtrack.__file__).parent
-# Still imports hvdtrack.cli.guarded; drop it here once it ends with `sys.exit(run(main))`.
-TRANSITIONAL_CLI_IMPORTERS = {"hvdtrack.scaling.__main__"}
 
 
 def module_name(path: Path) -> str:
@@ -113,7 +111,7 @@ def test_no_import_circle_among_the_package_modules():
 
 def test_only_the_command_line_imports_the_command_line():
     importers = {name for name, imports in GRAPH.items() if "hvdtrack.cli" in imports}
-    assert importers <= {"hvdtrack.__main__"} | TRANSITIONAL_CLI_IMPORTERS
+    assert importers <= {"hvdtrack.__main__"}
     # the command imports its commands lazily, by name: it depends on nothing but entry
     assert GRAPH["hvdtrack.cli"] == {"hvdtrack.entry"}
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from hvdtrack.cli import guarded
+from hvdtrack.entry import QUIET, run
 from hvdtrack.errors import ConfigError
 
 EPILOG = """examples:
@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Runs one subcommand; returns the exit code (errors print one message, no traceback)."""
+    """Runs one subcommand; returns its exit code (``hvdtrack.entry.run`` turns errors into one
+    message and an exit code)."""
     args = build_parser().parse_args(argv)
     command = {
         "run": _run,
@@ -139,7 +140,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "summary": _summary,
         "energy": _energy,
     }[args.command]
-    return guarded(lambda _argv: command(args))
+    return command(args)
 
 
 def _measured_network_option(parser: argparse.ArgumentParser) -> None:
@@ -288,4 +289,4 @@ def _energy(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main, settings=QUIET))

@@ -8,7 +8,13 @@ import sys
 
 import pytest
 
-from hvdtrack.scaling.__main__ import main
+from hvdtrack.entry import run
+from hvdtrack.scaling import __main__ as scaling_main
+
+
+def main(argv: list[str]) -> int:
+    """``python -m hvdtrack.scaling ARGV`` in this process: the exit code it would give."""
+    return run(scaling_main.main, argv, settings={})
 
 
 def test_report_command_writes_the_files(strong_runs, tmp_path, capsys):
