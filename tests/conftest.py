@@ -5,6 +5,9 @@ import os
 import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# What `python -m hvdtrack.train` applies when it starts (hvdtrack.entry.TRAINING), for tests
+# that train in this process; importing hvdtrack sets nothing.
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 
 from pathlib import Path

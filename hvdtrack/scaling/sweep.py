@@ -277,7 +277,7 @@ def run_sweep(
       TrainingError: a command failed (the message names it and ends with its log's tail).
     """
     out = out or sys.stdout
-    env_prefix = " ".join(f"{k}={v}" for k, v in plan.env.items())
+    env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.env.items())
     if dry_run:
         if not skip_prepare:
             print(shlex.join(plan.prepare), file=out)
