@@ -215,7 +215,7 @@ SIGNALS = {"kill -9": signal.SIGKILL, "SIGSTOP": signal.SIGSTOP, "SIGTERM": sign
 
 
 def signal_a_rank(case: Case, work: Path) -> Row:
-    """Sends the case's signal to one rank after the first epoch; the job's exit, what it left,
+    """Sends the case's signal to one rank once records exist; the job's exit, what it left,
     and (``case.resume``) whether rerunning the same command resumes exactly."""
     ctx, row = CONTEXT, Row(case.fault, case.launcher)
     run_dir = work / "run"
@@ -224,7 +224,7 @@ def signal_a_rank(case: Case, work: Path) -> Row:
     try:
         wait_for_file(run_dir / "timing.jsonl", job, timeout=300)
         victim = job.pid(case.rank, run_dir)
-        time.sleep(0.5)  # inside the second epoch
+        time.sleep(0.5)  # training is under way: records exist from the first checkpoint on
         os.kill(victim, SIGNALS[case.fault.split(" of ")[0]])
         started = time.monotonic()
         row.exit_code = job.wait(DEADLINE + 120, besides=case.rank)
