@@ -17,7 +17,8 @@ TensorFlow and the single writer in the parent only appends bytes::
         manifest = writer.finish()
 
 Public symbols: ``RecordsConfig``, ``EncodedGraph``, ``encode_graph``, ``split_events``,
-``DatasetWriter``, ``write_dataset``, ``index_shard_records``,
+``DatasetWriter``, ``write_dataset``, ``plan_shards``, ``write_shard_file``,
+``index_shard_records``,
 ``read_shard_examples``, ``first_unreadable_record``, ``read_split_graphs``.
 """
 
@@ -408,42 +409,72 @@ class _Scratch:
         self.close()
 
 
-def _write_shards(
-    scratch: _Scratch, out_dir: Path, split: str, config: RecordsConfig, staged: Staged
-) -> list[ShardInfo]:
-    """Writes a split's graphs, shuffled, into shards staged beside their final names."""
-    import tensorflow as tf
+def plan_shards(num_graphs: int, split: str, config: RecordsConfig) -> list[tuple[str, np.ndarray]]:
+    """Which graphs of a split go into which shard: the one definition of a split's sharding.
 
-    scratch.file.flush()
-    num_graphs = len(scratch.infos)
+    Args:
+      num_graphs: G, the split's graphs, numbered in arrival order (events in job order, then
+        each event's sections in order).
+      split: the split name (it joins ``config.seed`` in the shuffle, so splits of one dataset
+        are shuffled independently).
+      config: ``graphs_per_shard``, ``compression`` and ``seed``.
+
+    Returns:
+      ``[(file name, int64 [G_shard] graph numbers in record order)]`` for the
+      ``ceil(G / graphs_per_shard)`` shards, by index; deterministic in the seed, so every
+      process that plans a split (the MPI ranks of ``hvdtrack.prepare``) plans it alike.
+    """
     num_shards = -(-num_graphs // config.graphs_per_shard)
-    # The split name joins the seed so that splits of one dataset are shuffled independently.
     rng = np.random.default_rng([config.seed, zlib.crc32(split.encode())])
     permutation = rng.permutation(num_graphs)
     bounds = np.linspace(0, num_graphs, num_shards + 1).round().astype(np.int64)
+    return [
+        (
+            shard_file_name(split, index, num_shards, config.compression),
+            permutation[bounds[index] : bounds[index + 1]],
+        )
+        for index in range(num_shards)
+    ]
+
+
+def write_shard_file(
+    path: str | os.PathLike, examples: Iterable[bytes], compression: str
+) -> tuple[str, int]:
+    """Writes serialized examples, in order, as one TFRecord file; returns (sha256, bytes)."""
+    import tensorflow as tf
+
     # zlib level 1: on graph records 2.6x faster to write than the default level 6, for files
     # 3% larger (0.70 instead of 0.68 of the raw size) and the same reading speed.
     options = (
         tf.io.TFRecordOptions(compression_type="GZIP", compression_level=1)
-        if config.compression == "gzip"
+        if compression == "gzip"
         else tf.io.TFRecordOptions(compression_type="")
     )
+    with tf.io.TFRecordWriter(str(path), options) as writer:
+        for example in examples:
+            writer.write(example)
+    return sha256_of_file(path), os.path.getsize(path)
+
+
+def _write_shards(
+    scratch: _Scratch, out_dir: Path, split: str, config: RecordsConfig, staged: Staged
+) -> list[ShardInfo]:
+    """Writes a split's graphs, shuffled, into shards staged beside their final names."""
+    scratch.file.flush()
     shards: list[ShardInfo] = []
-    for index in range(num_shards):
-        name = shard_file_name(split, index, num_shards, config.compression)
+    for index, (name, members) in enumerate(plan_shards(len(scratch.infos), split, config)):
         tmp = staged.path(out_dir / name)
-        members = permutation[bounds[index] : bounds[index + 1]]
-        with tf.io.TFRecordWriter(str(tmp), options) as writer:
-            for graph in members:
-                writer.write(scratch.read(int(graph)))
+        sha256, num_bytes = write_shard_file(
+            tmp, (scratch.read(int(g)) for g in members), config.compression
+        )
         shards.append(
             ShardInfo(
                 file=name,
                 split=split,
                 index=index,
                 num_graphs=int(members.size),
-                sha256=sha256_of_file(tmp),
-                num_bytes=os.path.getsize(tmp),
+                sha256=sha256,
+                num_bytes=num_bytes,
                 graphs=tuple(scratch.infos[int(g)] for g in members),
             )
         )
