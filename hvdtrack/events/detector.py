@@ -3,11 +3,14 @@
 All lengths in mm. The detector is a set of barrel cylinders (volumes 8, 13, 17) and end-cap
 disks (volumes 7/9, 12/14, 16/18 on the -z / +z sides), as tabulated in
 ``shared/design/physics.md``. ``layer_id`` is even (2, 4, 6, ...), counted outwards in the barrels
-and away from z = 0 in the end-caps (as physics.md states).
+and with z increasing in every end-cap, as real TrackML numbers them: on the -z side layer 2 is
+the disk farthest from z = 0 (volume 7 layer 2 at z = -1500, layer 14 at -600), on the +z side
+the nearest.
 
 Global layer index: the 10 barrel layers come first, ordered by radius (0..9), then the end-cap
-disks volume by volume (7, 9, 12, 14, 16, 18), each by layer_id (10..47). So with
-``barrel_only`` graphs the layer index is simply 0..9.
+disks volume by volume (7, 9, 12, 14, 16, 18), each from the disk nearest z = 0 outwards, the
+order an outgoing particle crosses them (10..47). So with ``barrel_only`` graphs the layer index
+is simply 0..9, and on the -z side the index runs against the layer_id.
 
 Public symbols: ``BarrelLayer``, ``EndcapDisk``, ``Layer``, ``BARREL_LAYERS``, ``ENDCAP_DISKS``,
 ``LAYERS``, ``NUM_LAYERS``, ``NUM_BARREL_LAYERS``, ``BARREL_VOLUMES``, ``ENDCAP_VOLUMES``,
@@ -77,7 +80,7 @@ BARREL_LAYERS: tuple[BarrelLayer, ...] = (
     *(BarrelLayer(17, 2 * (i + 1), r, 1140.0) for i, r in enumerate(_LONG_STRIP_BARREL_RADII)),
 )
 
-# (volume_id, z sign, disk |z| positions, r_min, r_max), in global-index order.
+# (volume_id, z sign, disk |z| positions from z = 0 outwards, r_min, r_max), in global-index order.
 _ENDCAP_SPECS = (
     (7, -1.0, _PIXEL_DISK_Z, 25.0, 200.0),
     (9, +1.0, _PIXEL_DISK_Z, 25.0, 200.0),
@@ -86,8 +89,16 @@ _ENDCAP_SPECS = (
     (16, -1.0, _STRIP_DISK_Z, 750.0, 1050.0),
     (18, +1.0, _STRIP_DISK_Z, 750.0, 1050.0),
 )
+
+
+def _disk_layer_id(i: int, num_disks: int, sign: float) -> int:
+    """layer_id of the i-th disk from z = 0: TrackML counts with z increasing on both sides."""
+    return 2 * (i + 1) if sign > 0 else 2 * (num_disks - i)
+
+
+# In global-index order (|z| increasing per volume); layer_id runs with z, see _disk_layer_id.
 ENDCAP_DISKS: tuple[EndcapDisk, ...] = tuple(
-    EndcapDisk(volume, 2 * (i + 1), sign * z, r_min, r_max)
+    EndcapDisk(volume, _disk_layer_id(i, len(positions), sign), sign * z, r_min, r_max)
     for volume, sign, positions, r_min, r_max in _ENDCAP_SPECS
     for i, z in enumerate(positions)
 )

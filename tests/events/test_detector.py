@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from hvdtrack.events import detector
 
@@ -27,18 +28,46 @@ def test_barrel_layers_match_the_physics_table():
 def test_endcap_disks_match_the_physics_table():
     disks = {(d.volume_id, d.layer_id): (d.z, d.r_min, d.r_max) for d in detector.ENDCAP_DISKS}
     assert len(disks) == 38
-    assert disks[(7, 2)] == (-600.0, 25.0, 200.0)  # layer 2 is the disk nearest z = 0
+    assert disks[(7, 14)] == (-600.0, 25.0, 200.0)  # on the -z side layer 2 is the farthest
+    assert disks[(7, 2)] == (-1500.0, 25.0, 200.0)
     assert disks[(9, 14)] == (1500.0, 25.0, 200.0)
-    assert disks[(12, 12)] == (-2950.0, 235.0, 730.0)
+    assert disks[(12, 2)] == (-2950.0, 235.0, 730.0)
     assert disks[(14, 2)] == (1220.0, 235.0, 730.0)
-    assert disks[(16, 4)] == (-1500.0, 750.0, 1050.0)
+    assert disks[(16, 10)] == (-1500.0, 750.0, 1050.0)
     assert disks[(18, 12)] == (2950.0, 750.0, 1050.0)
 
 
+# Median hit z per end-cap layer, layer_id 2, 4, ... in order, in a real TrackML event
+# (shared/design/physics.md, "Real events"); volume 16 matches 12, and 14 and 18 mirror them.
+REAL_MEDIAN_Z = {
+    7: (-1498, -1302, -1100, -962, -818, -698, -598),
+    9: (598, 698, 818, 962, 1100, 1302, 1498),
+    12: (-2948, -2548, -2148, -1798, -1498, -1218),
+    14: (1218, 1498, 1798, 2148, 2548, 2948),
+    16: (-2948, -2548, -2148, -1798, -1498, -1218),
+    18: (1218, 1498, 1798, 2148, 2548, 2948),
+}
+
+
+@pytest.mark.parametrize("volume", sorted(REAL_MEDIAN_Z))
+def test_endcap_layer_ids_follow_the_real_numbering(volume):
+    real_z = np.array(REAL_MEDIAN_Z[volume], dtype=np.float64)
+    layer_id = 2 * np.arange(1, len(real_z) + 1)
+    index = detector.layer_index(np.full(len(real_z), volume), layer_id)
+    assert (index >= 0).all()
+    # Each (volume, layer_id) is the disk where real hits of that layer lie: within 5 mm (real
+    # disks hold modules staggered around the nominal z).
+    np.testing.assert_allclose(detector.LAYER_Z_MIN[index], real_z, atol=5.0)
+    assert (np.diff(detector.LAYER_Z_MIN[index]) > 0).all()  # layer ids run with z
+
+
 def test_layer_index_orders_barrel_first_then_endcaps():
-    volume = np.array([8, 8, 13, 17, 7, 7, 9, 18])
-    layer = np.array([2, 8, 2, 4, 2, 14, 2, 12])
-    np.testing.assert_array_equal(detector.layer_index(volume, layer), [0, 3, 4, 9, 10, 16, 17, 47])
+    # End-cap disks are indexed from z = 0 outwards: on the -z side against the layer_id.
+    volume = np.array([8, 8, 13, 17, 7, 7, 9, 12, 18])
+    layer = np.array([2, 8, 2, 4, 14, 2, 2, 12, 12])
+    np.testing.assert_array_equal(
+        detector.layer_index(volume, layer), [0, 3, 4, 9, 10, 16, 17, 24, 47]
+    )
     assert detector.NUM_LAYERS == 48 and detector.NUM_BARREL_LAYERS == 10
     assert [layer.index for layer in detector.LAYERS] == list(range(48))
 

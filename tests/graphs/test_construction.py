@@ -131,6 +131,20 @@ def test_endcap_pairs_need_outward_dr_and_do_not_divide_by_zero():
     assert _edges(graph) == ([0], [1], [1.0])
 
 
+def test_negative_z_endcap_with_the_real_layer_numbering():
+    # A straight track at cot(theta) = -6 from the origin through the three pixel disks nearest
+    # z = 0 on the -z side: real TrackML numbers them volume 7 layers 14, 12, 10.
+    hits = [
+        (1, 8, 2, 32.0, 0.5, -192.0, 1),
+        (2, 7, 14, 100.0, 0.5, -600.0, 1),
+        (3, 7, 12, 700.0 / 6, 0.5, -700.0, 1),
+        (4, 7, 10, 820.0 / 6, 0.5, -820.0, 1),
+    ]
+    (graph,) = build_hit_graphs(make_event(hits, {1: 2.0}), GraphConfig(barrel_only=False))
+    assert _edges(graph) == ([0, 1, 2], [1, 2, 3], [1.0, 1.0, 1.0])
+    assert graph.num_true_segments == 3
+
+
 def test_barrel_only_ignores_endcap_hits():
     hits = THREE_LAYERS + [(7, 9, 2, 100.0, 0.0, 600.0, 1)]
     (graph,) = build_hit_graphs(make_event(hits, PT), GraphConfig())
@@ -239,10 +253,12 @@ def test_layer_adjacency_tables():
         ((8, 8), (13, 2)),  # pixel barrel -> strip barrel
         ((13, 8), (17, 2)),
         ((8, 2), (9, 2)),  # barrel -> first disk, both sides
-        ((8, 2), (7, 2)),
+        ((8, 2), (7, 14)),  # on the -z side layer ids run towards z = 0
         ((9, 2), (9, 4)),  # disk -> next disk
+        ((7, 14), (7, 12)),
         ((9, 14), (14, 6)),  # pixel end-cap -> strip end-cap
-        ((12, 2), (12, 4)),
+        ((7, 2), (12, 2)),
+        ((12, 12), (12, 10)),
         ((18, 10), (18, 12)),
     ]
     assert all(pair in named for pair in expected)
