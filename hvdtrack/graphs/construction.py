@@ -8,9 +8,10 @@ from phi-sorted layers and ``np.searchsorted`` windows (never all pairs), with w
 along it. Everything is vectorised numpy; the only Python loops run over layer pairs and sections.
 
 Public symbols: ``GraphConfig``, ``HitGraph``, ``SelectedHits``, ``build_hit_graphs``,
-``select_hits``, ``layer_adjacency``, ``find_candidate_pairs``, ``segment_cut_mask``,
-``edge_features``, ``group_hits_along_particles``, ``count_true_segments``, ``label_edges``,
-``hit_sections``, ``split_into_sections``.
+``build_hit_graphs_counting_lost``, ``select_hits``, ``layer_adjacency``,
+``find_candidate_pairs``, ``segment_cut_mask``, ``edge_features``,
+``group_hits_along_particles``, ``count_true_segments``, ``count_lost_segments``,
+``label_edges``, ``hit_sections``, ``split_into_sections``.
 """
 
 from __future__ import annotations
@@ -155,6 +156,24 @@ def build_hit_graphs(event: Event, cfg: GraphConfig) -> list[HitGraph]:
     Raises:
       DataError: if the event has no truth or its truth does not cover its hits.
     """
+    return build_hit_graphs_counting_lost(event, cfg)[0]
+
+
+def build_hit_graphs_counting_lost(
+    event: Event, cfg: GraphConfig
+) -> tuple[list[HitGraph], np.ndarray]:
+    """``build_hit_graphs``, plus the true segments that no layer pair of the adjacency table can
+    form, per section.
+
+    Such segments (a particle's consecutive crossings on layers that are not an adjacency pair:
+    a layer skipped by inefficiency, or layers the detector description orders wrongly) can
+    never become edges and are not in ``num_true_segments``; count them so that an efficiency
+    cannot hide them.
+
+    Returns:
+      (graphs, lost): the graphs of ``build_hit_graphs`` and int64 [num_sections], lost segments
+      by the section of their inner hit.
+    """
     hits = select_hits(event, cfg)
     adjacency = layer_adjacency(cfg.barrel_only)
     senders, receivers = find_candidate_pairs(
@@ -169,13 +188,15 @@ def build_hit_graphs(event: Event, cfg: GraphConfig) -> list[HitGraph]:
 
     group = group_hits_along_particles(hits.particle_id, hits.layer, hits.distance)
     segments_per_hit = count_true_segments(hits.particle_id, hits.layer, group, adjacency)
+    lost_per_hit = count_lost_segments(hits.particle_id, hits.layer, group, adjacency)
     labels = label_edges(hits.particle_id, group, senders, receivers)
     features = edge_features(hits, senders, receivers, cfg)
     nodes = np.stack(
         [hits.r / cfg.r_scale, hits.phi / cfg.phi_scale, hits.z / cfg.z_scale], axis=1
     ).astype(np.float32)
     section = hit_sections(hits.phi, hits.eta, cfg)
-    return split_into_sections(
+    lost = np.bincount(section, weights=lost_per_hit, minlength=cfg.num_sections)
+    graphs = split_into_sections(
         event.event_id,
         cfg.num_sections,
         section,
@@ -187,6 +208,7 @@ def build_hit_graphs(event: Event, cfg: GraphConfig) -> list[HitGraph]:
         features,
         labels,
     )
+    return graphs, np.rint(lost).astype(np.int64)
 
 
 # ------------------------------------------------------------------------------------ the pieces
@@ -405,25 +427,18 @@ def count_true_segments(
     Returns:
       int64 [N]; its sum is the number of true segments.
     """
-    result = np.zeros(len(group), dtype=np.int64)
-    signal = group >= 0
-    if not signal.any():
-        return result
-    num_groups = int(group.max()) + 1
-    size = np.bincount(group[signal], minlength=num_groups)
-    group_pid = np.zeros(num_groups, dtype=np.int64)
-    group_layer = np.zeros(num_groups, dtype=np.int64)
-    group_pid[group[signal]] = particle_id[signal]
-    group_layer[group[signal]] = layer[signal]
-    allowed = _adjacency_mask(
-        adjacency, max(int(layer.max()) + 1, int(adjacency.max(initial=0)) + 1)
-    )
-    has_next = np.zeros(num_groups, dtype=bool)
-    has_next[:-1] = (group_pid[1:] == group_pid[:-1]) & allowed[group_layer[:-1], group_layer[1:]]
-    next_size = np.zeros(num_groups, dtype=np.int64)
-    next_size[:-1] = np.where(has_next[:-1], size[1:], 0)
-    result[signal] = next_size[group[signal]]
-    return result
+    return _next_group_sizes(particle_id, layer, group, adjacency)[0]
+
+
+def count_lost_segments(
+    particle_id: np.ndarray, layer: np.ndarray, group: np.ndarray, adjacency: np.ndarray
+) -> np.ndarray:
+    """Per hit, the true segments it starts that no layer pair can form: hits of its particle's
+    next group when the two groups' layers are not an adjacency pair.
+
+    Args and Returns: as ``count_true_segments``; the two counts never share a segment.
+    """
+    return _next_group_sizes(particle_id, layer, group, adjacency)[1]
 
 
 def label_edges(
@@ -508,6 +523,36 @@ def split_into_sections(
 
 
 # ------------------------------------------------------------------------------------ internals
+def _next_group_sizes(
+    particle_id: np.ndarray, layer: np.ndarray, group: np.ndarray, adjacency: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per hit, the size of its particle's next group: int64 [N] where the two layers are an
+    adjacency pair (formable), and int64 [N] where they are not (lost); 0 without a next group."""
+    formable = np.zeros(len(group), dtype=np.int64)
+    lost = np.zeros(len(group), dtype=np.int64)
+    signal = group >= 0
+    if not signal.any():
+        return formable, lost
+    num_groups = int(group.max()) + 1
+    size = np.bincount(group[signal], minlength=num_groups)
+    group_pid = np.zeros(num_groups, dtype=np.int64)
+    group_layer = np.zeros(num_groups, dtype=np.int64)
+    group_pid[group[signal]] = particle_id[signal]
+    group_layer[group[signal]] = layer[signal]
+    allowed = _adjacency_mask(
+        adjacency, max(int(layer.max()) + 1, int(adjacency.max(initial=0)) + 1)
+    )
+    has_next = np.zeros(num_groups, dtype=bool)
+    has_next[:-1] = group_pid[1:] == group_pid[:-1]
+    is_pair = np.zeros(num_groups, dtype=bool)
+    is_pair[:-1] = allowed[group_layer[:-1], group_layer[1:]]
+    next_size = np.zeros(num_groups, dtype=np.int64)
+    next_size[:-1] = size[1:]
+    formable[signal] = np.where(has_next & is_pair, next_size, 0)[group[signal]]
+    lost[signal] = np.where(has_next & ~is_pair, next_size, 0)[group[signal]]
+    return formable, lost
+
+
 def _wrap_angle(angle: np.ndarray) -> np.ndarray:
     """Maps a difference of two angles in [-pi, pi] into [-pi, pi]."""
     return angle - _TWO_PI * ((angle > np.pi).astype(np.float64) - (angle < -np.pi))

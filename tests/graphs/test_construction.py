@@ -15,6 +15,8 @@ from hvdtrack.events.trackml import Event, empty_frame
 from hvdtrack.graphs.construction import (
     GraphConfig,
     build_hit_graphs,
+    build_hit_graphs_counting_lost,
+    count_lost_segments,
     count_true_segments,
     find_candidate_pairs,
     group_hits_along_particles,
@@ -140,9 +142,39 @@ def test_negative_z_endcap_with_the_real_layer_numbering():
         (3, 7, 12, 700.0 / 6, 0.5, -700.0, 1),
         (4, 7, 10, 820.0 / 6, 0.5, -820.0, 1),
     ]
-    (graph,) = build_hit_graphs(make_event(hits, {1: 2.0}), GraphConfig(barrel_only=False))
+    event = make_event(hits, {1: 2.0})
+    (graph,), lost = build_hit_graphs_counting_lost(event, GraphConfig(barrel_only=False))
     assert _edges(graph) == ([0, 1, 2], [1, 2, 3], [1.0, 1.0, 1.0])
-    assert graph.num_true_segments == 3
+    assert graph.num_true_segments == 3 and lost.tolist() == [0]
+
+
+def test_segments_no_layer_pair_can_form_are_counted_as_lost():
+    # The same track with the -z disks numbered away from z = 0 (the old, wrong assumption):
+    # layers 7:2, 7:4, 7:6 are the disks at z = -1500, -1300, -1100, so no pair of consecutive
+    # hits is in the adjacency table. The segments are not silently dropped: all 3 are lost.
+    hits = [
+        (1, 8, 2, 32.0, 0.5, -192.0, 1),
+        (2, 7, 2, 100.0, 0.5, -600.0, 1),
+        (3, 7, 4, 700.0 / 6, 0.5, -700.0, 1),
+        (4, 7, 6, 820.0 / 6, 0.5, -820.0, 1),
+    ]
+    event = make_event(hits, {1: 2.0})
+    (graph,), lost = build_hit_graphs_counting_lost(event, GraphConfig(barrel_only=False))
+    assert (graph.num_edges, graph.num_true_segments, lost.tolist()) == (0, 0, [3])
+    report = ConstructionReport.from_graphs([graph], lost)
+    assert math.isnan(report.efficiency) and report.efficiency_all_segments == 0.0
+
+
+def test_a_skipped_barrel_layer_is_a_lost_segment():
+    # Particle 1 leaves no hit on layer 8:4; particle 2 has two hits on 8:4 (a double hit):
+    # per hit, segments formable by a layer pair and segments lost.
+    particle_id = np.array([1, 1, 2, 2, 2, 2])
+    layer = np.array([0, 2, 0, 1, 1, 2])
+    distance = np.array([32.0, 116.0, 32.0, 72.0, 72.5, 116.0])
+    group = group_hits_along_particles(particle_id, layer, distance)
+    adjacency = layer_adjacency(True)
+    assert count_true_segments(particle_id, layer, group, adjacency).tolist() == [0, 0, 2, 1, 1, 0]
+    assert count_lost_segments(particle_id, layer, group, adjacency).tolist() == [1, 0, 0, 0, 0, 0]
 
 
 def test_barrel_only_ignores_endcap_hits():
@@ -288,9 +320,11 @@ def test_config_refuses_bad_values():
 def test_sections_partition_the_edges_of_a_synthetic_event(small_event):
     cfg = GraphConfig(pt_min=0.0, barrel_only=False)
     (whole,) = build_hit_graphs(small_event, cfg)
-    sectioned = build_hit_graphs(
+    sectioned, lost = build_hit_graphs_counting_lost(
         small_event, GraphConfig(pt_min=0.0, barrel_only=False, n_phi_sections=8, n_eta_sections=2)
     )
+    _, whole_lost = build_hit_graphs_counting_lost(small_event, cfg)
+    assert lost.shape == (16,) and lost.sum() == whole_lost.sum()
     assert len(sectioned) == 16 and [g.section for g in sectioned] == list(range(16))
 
     def pairs(graph):

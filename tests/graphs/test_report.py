@@ -6,6 +6,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 
 from hvdtrack.graphs.construction import HitGraph
 from hvdtrack.graphs.report import ConstructionReport
@@ -72,7 +73,9 @@ def test_to_dict_and_markdown():
         "num_true_edges": 5000,
         "nodes_mean": 2000.0,
         "edges_mean": 6000.0,
+        "num_lost_segments": None,
         "efficiency": 5000 / 5001,
+        "efficiency_all_segments": None,
         "purity": 5000 / 12000,
     }
     assert report.to_markdown().splitlines() == [
@@ -84,5 +87,31 @@ def test_to_dict_and_markdown():
         "| true segments (before cuts) | 5,001 |",
         "| true edges kept | 5,000 |",
         "| efficiency (true kept / true segments) | 0.9998 |",
+        "| true segments no layer pair can form (lost) | not counted |",
+        "| efficiency over all true segments (lost included) | n/a |",
         "| purity (true edges / edges) | 0.4167 |",
     ]
+
+
+def test_lost_segments_lower_the_efficiency_over_all_segments():
+    report = ConstructionReport.from_counts([10, 30], [20, 60], [8, 16], [10, 15], [5, 0])
+    assert report.num_lost_segments == 5
+    assert report.efficiency == 24 / 25
+    assert report.efficiency_all_segments == 24 / 30
+    assert report.to_dict()["efficiency_all_segments"] == 24 / 30
+    lines = report.to_markdown().splitlines()
+    assert "| true segments no layer pair can form (lost) | 5 |" in lines
+    assert "| efficiency over all true segments (lost included) | 0.8000 |" in lines
+
+
+def test_merge_counts_lost_segments_only_when_every_report_did():
+    counted = ConstructionReport.from_counts([1], [1], [1], [2], [3])
+    also = ConstructionReport.from_counts([1], [1], [1], [2], [1])
+    uncounted = ConstructionReport.from_counts([1], [1], [1], [2])
+    assert ConstructionReport.merge([counted, also]).num_lost_segments == 4
+    assert ConstructionReport.merge([counted, uncounted]).num_lost_segments is None
+
+
+def test_from_counts_refuses_a_lost_count_per_graph_missing():
+    with pytest.raises(ValueError, match=r"one entry per graph, got lengths \[1, 1, 1, 1, 2\]"):
+        ConstructionReport.from_counts([1], [1], [1], [1], [0, 0])
