@@ -16,7 +16,8 @@ Public symbols: ``BarrelLayer``, ``EndcapDisk``, ``Layer``, ``BARREL_LAYERS``, `
 ``LAYERS``, ``NUM_LAYERS``, ``NUM_BARREL_LAYERS``, ``BARREL_VOLUMES``, ``ENDCAP_VOLUMES``,
 ``PIXEL_VOLUMES``, ``SHORT_STRIP_VOLUMES``, ``LONG_STRIP_VOLUMES``, ``LAYER_VOLUME_ID``,
 ``LAYER_LAYER_ID``, ``LAYER_IS_BARREL``, ``LAYER_R_MIN``, ``LAYER_R_MAX``, ``LAYER_Z_MIN``,
-``LAYER_Z_MAX``, ``layer_index``, ``is_barrel``, ``module_id``.
+``LAYER_Z_MAX``, ``layer_index``, ``is_barrel``, ``module_id``, ``module_channels``,
+``module_table``.
 """
 
 from __future__ import annotations
@@ -178,30 +179,61 @@ _MODULE_SIZE = {
     SHORT_STRIP_VOLUMES: (48.0, 108.0),
     LONG_STRIP_VOLUMES: (48.0, 108.0),
 }
+# Module thickness and readout pitch (u across, v along the module), TrackML-like values (mm).
+_MODULE_THICKNESS = {PIXEL_VOLUMES: 0.15, SHORT_STRIP_VOLUMES: 0.25, LONG_STRIP_VOLUMES: 0.35}
+_MODULE_PITCH = {
+    PIXEL_VOLUMES: (0.05, 0.05),
+    SHORT_STRIP_VOLUMES: (0.08, 1.2),
+    LONG_STRIP_VOLUMES: (0.12, 10.8),
+}
 
 
-def _module_grid() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per layer: modules around phi, module length, start of the length coordinate."""
+def _by_volume(table: dict, volume_id: int):
+    return next(v for k, v in table.items() if volume_id in k)
+
+
+def _module_grid() -> tuple[np.ndarray, ...]:
+    """Per layer: modules around phi, modules along z (barrel) or r (disk), module length,
+    start of the length coordinate."""
     n_phi = np.zeros(NUM_LAYERS, dtype=np.int64)
+    n_along = np.zeros(NUM_LAYERS, dtype=np.int64)
     length = np.zeros(NUM_LAYERS)
     start = np.zeros(NUM_LAYERS)
     for layer in LAYERS:
-        (width, size) = next(v for k, v in _MODULE_SIZE.items() if layer.volume_id in k)
+        width, size = _by_volume(_MODULE_SIZE, layer.volume_id)
         r_mid = 0.5 * (layer.r_min + layer.r_max)
         n_phi[layer.index] = int(np.ceil(2 * np.pi * r_mid / width))
+        extent = layer.z_max - layer.z_min if layer.is_barrel else layer.r_max - layer.r_min
+        n_along[layer.index] = int(np.ceil(extent / size))
         length[layer.index] = size
         start[layer.index] = layer.z_min if layer.is_barrel else layer.r_min
-    return n_phi, length, start
+    return n_phi, n_along, length, start
 
 
-_MODULE_N_PHI, _MODULE_LENGTH, _MODULE_START = _module_grid()
+_MODULE_N_PHI, _MODULE_N_ALONG, _MODULE_LENGTH, _MODULE_START = _module_grid()
+_LAYER_PITCH = np.array([_by_volume(_MODULE_PITCH, layer.volume_id) for layer in LAYERS])
+
+
+def _module_cell(
+    layer: np.ndarray, x: np.ndarray, y: np.ndarray, z: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(i_phi, i_along, along): a hit's module column and row, and its z (barrel) or r (disk)."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    along = np.where(LAYER_IS_BARREL[layer], np.asarray(z, dtype=np.float64), np.hypot(x, y))
+    n_phi = _MODULE_N_PHI[layer]
+    i_phi = np.floor((np.arctan2(y, x) + np.pi) / (2 * np.pi) * n_phi).astype(np.int64)
+    i_phi = np.clip(i_phi, 0, n_phi - 1)
+    i_along = np.floor((along - _MODULE_START[layer]) / _MODULE_LENGTH[layer]).astype(np.int64)
+    i_along = np.clip(i_along, 0, _MODULE_N_ALONG[layer] - 1)
+    return i_phi, i_along, along
 
 
 def module_id(layer: np.ndarray, x: np.ndarray, y: np.ndarray, z: np.ndarray) -> np.ndarray:
     """Numbers the module holding each hit: modules tile a layer in phi and in z (barrel) or r (disk).
 
     This is a plausible TrackML-like numbering (1-based, unique within a layer), not the
-    real TrackML module map.
+    real TrackML module map; ``module_table`` lists the same modules.
 
     Args:
       layer: int array [N] of global layer indices (all valid).
@@ -211,13 +243,96 @@ def module_id(layer: np.ndarray, x: np.ndarray, y: np.ndarray, z: np.ndarray) ->
       int64 array [N] of module ids >= 1.
     """
     layer = np.asarray(layer, dtype=np.int64)
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    along = np.where(LAYER_IS_BARREL[layer], np.asarray(z, dtype=np.float64), np.hypot(x, y))
+    i_phi, i_along, _ = _module_cell(layer, x, y, z)
+    return i_along * _MODULE_N_PHI[layer] + i_phi + 1
+
+
+def module_channels(
+    layer: np.ndarray, x: np.ndarray, y: np.ndarray, z: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The readout channel of each hit on its module: (ch0 across, ch1 along the module).
+
+    Channels count from the module's low edge in steps of the pitch of ``module_table``: ch0
+    along r*phi, ch1 along z (barrel) or r (disk).
+
+    Args:
+      layer: int array [N] of global layer indices; x, y, z: float arrays [N] (mm).
+
+    Returns:
+      (ch0, ch1): int64 arrays [N], >= 0.
+    """
+    layer = np.asarray(layer, dtype=np.int64)
+    i_phi, i_along, along = _module_cell(layer, x, y, z)
     n_phi = _MODULE_N_PHI[layer]
-    i_phi = np.floor((np.arctan2(y, x) + np.pi) / (2 * np.pi) * n_phi).astype(np.int64)
-    i_phi = np.clip(i_phi, 0, n_phi - 1)
-    i_along = np.maximum(
-        np.floor((along - _MODULE_START[layer]) / _MODULE_LENGTH[layer]).astype(np.int64), 0
-    )
-    return i_along * n_phi + i_phi + 1
+    r = np.hypot(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
+    phi_low = -np.pi + i_phi * (2 * np.pi / n_phi)
+    phi = np.mod(np.arctan2(y, x) - phi_low, 2 * np.pi)
+    phi = np.where(phi > np.pi, 0.0, phi)  # rounding at the +-pi seam
+    v = along - (_MODULE_START[layer] + i_along * _MODULE_LENGTH[layer])
+    pitch = _LAYER_PITCH[layer]
+    ch0 = np.floor(r * phi / pitch[:, 0]).astype(np.int64)
+    ch1 = np.floor(np.maximum(v, 0.0) / pitch[:, 1]).astype(np.int64)
+    return ch0, ch1
+
+
+def module_table() -> dict[str, np.ndarray]:
+    """Every module of the detector in the columns of TrackML's ``detectors.csv``.
+
+    Local axes: u across the module (along r*phi), v along it (z on a cylinder, r on a disk), w
+    = u x v (outwards on a cylinder, -z on a disk); ``rot_<global><local>`` are the components
+    of the local axes in global x, y, z. Barrel modules are rectangles, disk modules trapezoids
+    (half widths module_minhu at the inner edge, module_maxhu at the outer one).
+
+    Returns:
+      {column: array [M]}: volume_id, layer_id, module_id (int64), cx, cy, cz, rot_xu ...
+      rot_zw, module_t, module_minhu, module_maxhu, module_hv, pitch_u, pitch_v (float64), in
+      the order of ``detectors.csv``; modules sorted by volume, layer and module id.
+    """
+    rows = []
+    for layer in LAYERS:
+        i = layer.index
+        n_phi, n_along = _MODULE_N_PHI[i], _MODULE_N_ALONG[i]
+        i_along, i_phi = np.divmod(np.arange(n_phi * n_along), n_phi)
+        phi = -np.pi + (i_phi + 0.5) * (2 * np.pi / n_phi)
+        centre = _MODULE_START[i] + (i_along + 0.5) * _MODULE_LENGTH[i]
+        half_v = 0.5 * _MODULE_LENGTH[i]
+        cos, sin, zero, one = np.cos(phi), np.sin(phi), np.zeros(len(phi)), np.ones(len(phi))
+        if layer.is_barrel:
+            r, cz = np.full(len(phi), layer.r_min), centre
+            axes = (-sin, cos, zero, zero, zero, one, cos, sin, zero)  # u, v, w columns
+            half_u_min = half_u_max = np.pi * r / n_phi
+        else:
+            r, cz = centre, np.full(len(phi), layer.z_min)
+            axes = (-sin, cos, zero, cos, sin, zero, zero, zero, -one)
+            half_u_min = np.pi * (centre - half_v) / n_phi
+            half_u_max = np.pi * (centre + half_v) / n_phi
+        ux, uy, uz, vx, vy, vz, wx, wy, wz = axes
+        pitch_u, pitch_v = _by_volume(_MODULE_PITCH, layer.volume_id)
+        rows.append(
+            {
+                "volume_id": np.full(len(phi), layer.volume_id),
+                "layer_id": np.full(len(phi), layer.layer_id),
+                "module_id": i_along * n_phi + i_phi + 1,
+                "cx": r * cos,
+                "cy": r * sin,
+                "cz": cz,
+                "rot_xu": ux,
+                "rot_xv": vx,
+                "rot_xw": wx,
+                "rot_yu": uy,
+                "rot_yv": vy,
+                "rot_yw": wy,
+                "rot_zu": uz,
+                "rot_zv": vz,
+                "rot_zw": wz,
+                "module_t": np.full(len(phi), _by_volume(_MODULE_THICKNESS, layer.volume_id)),
+                "module_minhu": half_u_min * one,
+                "module_maxhu": half_u_max * one,
+                "module_hv": np.full(len(phi), half_v),
+                "pitch_u": np.full(len(phi), pitch_u),
+                "pitch_v": np.full(len(phi), pitch_v),
+            }
+        )
+    table = {name: np.concatenate([row[name] for row in rows]) for name in rows[0]}
+    order = np.lexsort((table["module_id"], table["layer_id"], table["volume_id"]))
+    return {name: column[order] for name, column in table.items()}

@@ -6,11 +6,17 @@ multiple scattering (Highland, accumulated along the track), measurement smearin
 inefficiency; noise hits are spread uniformly over the sensitive area. Everything is vectorised
 over particles (the only loop is over the 48 surfaces) and deterministic in (seed, event_id).
 
-Simplifications (stated so nobody mistakes them for TrackML): no energy loss, no secondaries,
-no double hits on overlapping modules; scattering displaces later hits but the truth momentum
-(tpx, tpy, tpz) is that of the unscattered helix; module ids follow a simple tiling
-(``detector.module_id``); weights are a simplified TrackML-like scheme (pT-dependent per
-particle, shared by its hits, summing to 1 over the non-noise hits).
+The files are TrackML's: hits, cells, particles (with particle_type), truth, and a
+``detectors.csv`` of the module tiling per dataset; particle ids follow TrackML's bit layout
+(``particle_ids``: vertex_id = vertex + 1, primary_id = number within the vertex, generation,
+secondary_id and process 0) and truth weights TrackML's definition (``weights``).
+
+Simplifications (stated so nobody mistakes them for TrackML): every particle is a charged pion
+(particle_type +-211) and a primary: no energy loss, no secondaries, no double hits on
+overlapping modules; hits lie on the nominal cylinders and disks, not on module planes;
+scattering displaces later hits but the truth momentum (tpx, tpy, tpz) is that of the
+unscattered helix; module ids and channels follow a simple tiling (``detector.module_table``);
+each hit has one cell whose value is a random deposited charge.
 
 Public symbols: ``SyntheticConfig``, ``generate_event``, ``generate_dataset``.
 """
@@ -26,7 +32,9 @@ import pandas as pd
 
 from hvdtrack.configtools import check
 from hvdtrack.events import detector
-from hvdtrack.events.trackml import COLUMNS, Event, write_event
+from hvdtrack.events.particle_ids import encode_particle_id
+from hvdtrack.events.trackml import COLUMNS, Event, write_detectors, write_event
+from hvdtrack.events.weights import hit_weights
 
 PION_MASS = 0.13957  # GeV; every particle is treated as a pion for beta in the Highland formula.
 _MM_PER_M = 1000.0
@@ -103,14 +111,16 @@ def generate_event(cfg: SyntheticConfig, event_id: int, seed: int) -> Event:
 
     Returns:
       An ``Event`` with hits (hit_id 1..N, sorted by volume, layer, module), truth (noise has
-      particle_id 0 and weight 0; weights sum to 1 over the other hits) and particles
-      (nhits = hits left after acceptance and inefficiency). No cells.
+      particle_id 0 and weight 0; TrackML weights summing to 1), particles (nhits = hits left
+      after acceptance and inefficiency) and cells (one per hit).
     """
     rng = np.random.default_rng([int(seed), int(event_id)])
     particles = _sample_particles(cfg, rng)
     signal = _propagate(cfg, particles, rng)
     noise = _sample_noise(cfg, len(signal["layer"]), rng)
-    return _assemble_event(event_id, particles, signal, noise)
+    event = _assemble_event(event_id, particles, signal, noise)
+    event.cells = _hit_cells(event.hits, rng)  # drawn last: the hits do not depend on them
+    return event
 
 
 def generate_dataset(
@@ -121,12 +131,14 @@ def generate_dataset(
     first_event_id: int = 1000,
     compress: bool = False,
 ) -> list[str]:
-    """Generates ``num_events`` events and writes them as TrackML CSVs with ``write_event``.
+    """Generates ``num_events`` events and writes them as TrackML CSVs with ``write_event``,
+    plus the dataset's ``detectors.csv``.
 
     Returns:
       The event prefixes written, e.g. ``['<directory>/event000001000', ...]``.
     """
     check(num_events >= 0, "num_events", "must be >= 0")
+    write_detectors(detector.module_table(), directory)
     prefixes = []
     for event_id in range(first_event_id, first_event_id + num_events):
         event = generate_event(cfg, event_id, seed)
@@ -153,12 +165,12 @@ def _sample_particles(cfg: SyntheticConfig, rng: np.random.Generator) -> dict[st
     eta = rng.uniform(-cfg.eta_max, cfg.eta_max, n)
     phi = rng.uniform(-np.pi, np.pi, n)
     charge = rng.choice(np.array([-1, 1]), size=n)
-    # TrackML-like 64-bit ids: vertex number in the high bits, particle number in the low ones.
+    # TrackML ids: vertex_id = vertex + 1, primary_id = 1, 2, ... within the vertex.
     number_in_vertex = np.zeros(n, dtype=np.int64)
     order = np.argsort(vertex, kind="stable")
     starts = np.searchsorted(vertex[order], vertex[order])
     number_in_vertex[order] = np.arange(n) - starts
-    particle_id = ((vertex.astype(np.int64) + 1) << 32) | (number_in_vertex + 1)
+    particle_id = encode_particle_id(vertex + 1, number_in_vertex + 1)
     return {
         "particle_id": particle_id,
         "vx": vertex_xyz[:, 0],
@@ -344,12 +356,21 @@ def _sample_noise(
     return {"layer": layer, "x": r * np.cos(phi), "y": r * np.sin(phi), "z": z}
 
 
-def _hit_weights(pt: np.ndarray, particle: np.ndarray) -> np.ndarray:
-    """Per-hit weight: a pT factor per particle (0.2 below 0.5 GeV rising to 1 at 1 GeV),
-    normalised so that all hits of all particles sum to 1. float64 [H]."""
-    factor = 0.2 + 0.8 * np.clip((pt[particle] - 0.5) / 0.5, 0.0, 1.0)
-    total = factor.sum()
-    return factor / total if total > 0 else factor
+def _hit_cells(hits: pd.DataFrame, rng: np.random.Generator) -> pd.DataFrame:
+    """One cell per hit: the channel under the hit and a deposited charge (arbitrary units,
+    gamma-distributed with mean 0.3)."""
+    layer = detector.layer_index(hits["volume_id"].to_numpy(), hits["layer_id"].to_numpy())
+    ch0, ch1 = detector.module_channels(
+        layer, hits["x"].to_numpy(), hits["y"].to_numpy(), hits["z"].to_numpy()
+    )
+    return pd.DataFrame(
+        {
+            "hit_id": hits["hit_id"].to_numpy(),
+            "ch0": ch0,
+            "ch1": ch1,
+            "value": rng.gamma(4.0, 0.075, len(hits)),
+        }
+    ).astype(COLUMNS["cells"])
 
 
 def _assemble_event(
@@ -370,7 +391,6 @@ def _assemble_event(
     # TrackML lists hits by volume, layer and module.
     order = np.lexsort((module, layer_id, volume_id))
     particle_row = np.concatenate([signal["particle"], np.full(num_noise, -1)])[order]
-    weight = np.concatenate([_hit_weights(particles["pt"], signal["particle"]), zeros])
     is_signal = particle_row >= 0
     particle_id = np.where(is_signal, particles["particle_id"][np.maximum(particle_row, 0)], 0)
 
@@ -387,6 +407,8 @@ def _assemble_event(
         }
     ).astype(COLUMNS["hits"])
 
+    pt, phi = particles["pt"], particles["phi"]
+
     def _truth(key: str, noise_value: np.ndarray) -> np.ndarray:
         return np.concatenate([signal[key], noise_value])[order]
 
@@ -400,11 +422,14 @@ def _assemble_event(
             "tpx": _truth("tpx", zeros),
             "tpy": _truth("tpy", zeros),
             "tpz": _truth("tpz", zeros),
-            "weight": weight[order],
+            "weight": 0.0,
         }
-    ).astype(COLUMNS["truth"])
+    )
+    truth["weight"] = hit_weights(
+        particle_id, truth["tz"].to_numpy(), particles["particle_id"], particles["vz"], pt
+    )
+    truth = truth.astype(COLUMNS["truth"])
 
-    pt, phi = particles["pt"], particles["phi"]
     particle_frame = pd.DataFrame(
         {
             "particle_id": particles["particle_id"],
@@ -416,6 +441,7 @@ def _assemble_event(
             "pz": pt * particles["lam"],
             "q": particles["q"],
             "nhits": np.bincount(signal["particle"], minlength=len(pt)),
+            "particle_type": 211 * particles["q"],  # pi+ / pi-
         }
     ).astype(COLUMNS["particles"])
     return Event(int(event_id), hits, truth, particle_frame)

@@ -4,9 +4,12 @@ An event is a set of files sharing a prefix, e.g. ``/data/event000001000-hits.cs
 ``-hits.csv.gz``); ``find_events`` lists the prefixes of a directory, ``read_event`` loads one
 into an ``Event`` of typed DataFrames and refuses bad input with a ``DataError`` naming the file
 and the 1-based CSV line of the first bad row, ``write_event`` writes the same format atomically.
+A dataset's geometry is one ``detectors.csv`` per directory (``write_detectors``,
+``read_detectors``).
 
-Public symbols: ``Event``, ``COLUMNS``, ``PARTS``, ``empty_frame``, ``find_events``,
-``read_event``, ``write_event``, ``event_id_from_prefix``.
+Public symbols: ``Event``, ``COLUMNS``, ``OPTIONAL_COLUMNS``, ``DETECTORS_COLUMNS``, ``PARTS``,
+``DETECTORS_FILE``, ``empty_frame``, ``find_events``, ``read_event``, ``write_event``,
+``event_id_from_prefix``, ``write_detectors``, ``read_detectors``.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from hvdtrack.errors import DataError
 from hvdtrack.events import detector
 from hvdtrack.utils.io import atomic_write
 
-# Column names and dtypes of each part, in file order. Ids are int64, coordinates float32
-# (as TrackML stores them), small integers int32.
+# Column names and dtypes of each part, in file order. Ids are int64 (the TrackML library reads
+# hit_id as int32: every hit_id written here fits), coordinates float32 (as TrackML stores
+# them), small integers int32.
 COLUMNS: dict[str, dict[str, str]] = {
     "hits": {
         "hit_id": "int64",
@@ -59,10 +63,43 @@ COLUMNS: dict[str, dict[str, str]] = {
         "pz": "float32",
         "q": "int32",
         "nhits": "int32",
+        "particle_type": "int32",
     },
     "cells": {"hit_id": "int64", "ch0": "int32", "ch1": "int32", "value": "float32"},
 }
 PARTS = ("hits", "truth", "particles", "cells")
+# Columns that older TrackML releases lack, with the value a reader fills in (0: PDG code
+# unknown; the 2018 challenge's particles files have no particle_type).
+OPTIONAL_COLUMNS: dict[str, dict[str, int]] = {"particles": {"particle_type": 0}}
+DETECTORS_FILE = "detectors.csv"
+DETECTORS_COLUMNS: dict[str, str] = {
+    "volume_id": "int32",
+    "layer_id": "int32",
+    "module_id": "int32",
+    **{
+        name: "float64"
+        for name in (
+            "cx",
+            "cy",
+            "cz",
+            "rot_xu",
+            "rot_xv",
+            "rot_xw",
+            "rot_yu",
+            "rot_yv",
+            "rot_yw",
+            "rot_zu",
+            "rot_zv",
+            "rot_zw",
+            "module_t",
+            "module_minhu",
+            "module_maxhu",
+            "module_hv",
+            "pitch_u",
+            "pitch_v",
+        )
+    },
+}
 
 _PREFIX_RE = re.compile(r"event(\d+)$")
 _HITS_FILE_RE = re.compile(r"^(event\d+)-hits\.csv(\.gz)?$")
@@ -77,7 +114,8 @@ class Event:
       event_id: the number in the file prefix (``event000001000`` -> 1000).
       hits: [N_hits rows] hit_id, x, y, z (mm, float32), volume_id, layer_id, module_id.
       truth: [N_hits rows] hit_id, particle_id (0 = noise), tx, ty, tz, tpx, tpy, tpz, weight.
-      particles: [N_particles rows] particle_id, vx, vy, vz, px, py, pz (GeV), q, nhits.
+      particles: [N_particles rows] particle_id, vx, vy, vz, px, py, pz (GeV), q, nhits,
+        particle_type (PDG code, 0 when the file has none).
       cells: [N_cells rows] hit_id, ch0, ch1, value, or None when not read.
     """
 
@@ -143,7 +181,7 @@ def read_event(
 
     Returns:
       The ``Event``, each frame with the columns and dtypes of ``COLUMNS`` (extra columns in
-      the files are dropped).
+      the files are dropped, absent ``OPTIONAL_COLUMNS`` filled with their default).
 
     Raises:
       DataError: naming the file (and the CSV line of the first bad row) for a missing or
@@ -220,6 +258,62 @@ def write_event(event: Event, directory_or_prefix: PathLike, compress: bool = Fa
     return str(prefix)
 
 
+def write_detectors(table: dict[str, np.ndarray] | pd.DataFrame, directory: PathLike) -> str:
+    """Writes a module table as ``<directory>/detectors.csv`` (atomically).
+
+    Args:
+      table: columns of ``DETECTORS_COLUMNS`` (e.g. ``detector.module_table()``), one row per
+        module.
+      directory: the dataset directory (created if missing).
+
+    Returns:
+      The path written.
+
+    Raises:
+      DataError: if the table lacks a column of ``DETECTORS_COLUMNS``.
+    """
+    frame = pd.DataFrame(table) if not isinstance(table, pd.DataFrame) else table
+    missing = [c for c in DETECTORS_COLUMNS if c not in frame.columns]
+    if missing:
+        raise DataError(f"write_detectors: the module table lacks column(s) {', '.join(missing)}")
+    path = Path(directory) / DETECTORS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    typed = frame[list(DETECTORS_COLUMNS)].astype(DETECTORS_COLUMNS)
+    with atomic_write(path, "w") as f:
+        f.write(typed.to_csv(index=False, lineterminator="\n"))
+    return str(path)
+
+
+def read_detectors(path: PathLike) -> pd.DataFrame:
+    """Reads a ``detectors.csv`` (plain or ``.gz``), with or without a leading unnamed index
+    column (as some published copies have).
+
+    Returns:
+      [M rows] the columns of ``DETECTORS_COLUMNS`` in their dtypes.
+
+    Raises:
+      DataError: naming the file for a missing file or column, or a bad value (with its line).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: detector file not found")
+    try:
+        frame = pd.read_csv(path, skip_blank_lines=False, low_memory=False)
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, pd.errors.ParserError) as err:
+        raise DataError(f"{path}: cannot read the file ({type(err).__name__}: {err})") from None
+    except pd.errors.EmptyDataError:
+        raise DataError(f"{path}: file is empty (no header line)") from None
+    missing = [c for c in DETECTORS_COLUMNS if c not in frame.columns]
+    if missing:
+        raise DataError(
+            f"{path}: missing column(s) {', '.join(missing)} (a detectors file needs "
+            f"{', '.join(DETECTORS_COLUMNS)})"
+        )
+    return pd.DataFrame(
+        {n: _checked_column(path, n, frame[n], t) for n, t in DETECTORS_COLUMNS.items()}
+    )
+
+
 # ------------------------------------------------------------------------------------ internals
 def _find_part(prefix: PathLike, part: str) -> list[Path]:
     candidates = [Path(f"{prefix}-{part}.csv"), Path(f"{prefix}-{part}.csv.gz")]
@@ -250,7 +344,8 @@ def _read_part(path: Path, part: str) -> pd.DataFrame:
             "or corrupt, regenerate or re-download it"
         ) from None
     columns = COLUMNS[part]
-    missing = [c for c in columns if c not in frame.columns]
+    defaults = OPTIONAL_COLUMNS.get(part, {})
+    missing = [c for c in columns if c not in frame.columns and c not in defaults]
     if missing:
         raise DataError(
             f"{path}: missing column(s) {', '.join(missing)} "
@@ -258,7 +353,10 @@ def _read_part(path: Path, part: str) -> pd.DataFrame:
         )
     data = {}
     for name, dtype in columns.items():
-        data[name] = _checked_column(path, name, frame[name], dtype)
+        if name in frame.columns:
+            data[name] = _checked_column(path, name, frame[name], dtype)
+        else:
+            data[name] = np.full(len(frame), defaults[name], dtype=dtype)
     return pd.DataFrame(data)
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from hvdtrack.errors import ConfigError
 from hvdtrack.events import detector
+from hvdtrack.events.particle_ids import decode_particle_id
 from hvdtrack.events.synthetic import SyntheticConfig, generate_dataset, generate_event
 from hvdtrack.events.trackml import COLUMNS, find_events, read_event
 
@@ -31,14 +32,27 @@ def test_seed_and_event_id_change_the_event():
 
 
 def test_frames_have_the_trackml_columns_and_ids(small_event):
-    for part in ("hits", "truth", "particles"):
+    for part in ("hits", "truth", "particles", "cells"):
         frame = getattr(small_event, part)
         assert list(frame.columns) == list(COLUMNS[part])
         assert frame.dtypes.astype(str).to_dict() == COLUMNS[part]
-    hits, truth = small_event.hits, small_event.truth
+    hits, truth, cells = small_event.hits, small_event.truth, small_event.cells
     np.testing.assert_array_equal(hits.hit_id, np.arange(1, len(hits) + 1))
     np.testing.assert_array_equal(truth.hit_id, hits.hit_id)
-    assert small_event.cells is None
+    np.testing.assert_array_equal(cells.hit_id, hits.hit_id)  # one cell per hit
+    assert (cells.ch0 >= 0).all() and (cells.ch1 >= 0).all() and (cells.value > 0).all()
+
+
+def test_particle_ids_decode_to_primaries_of_their_vertex(small_event):
+    particles = small_event.particles
+    fields = decode_particle_id(particles.particle_id.to_numpy())
+    assert set(fields["vertex_id"]) <= set(range(1, SMALL.num_vertices + 1))
+    assert (fields["primary_id"] >= 1).all()
+    for name in ("generation", "secondary_id", "process"):
+        assert (fields[name] == 0).all()
+    # particles of one vertex_id share the vertex position
+    assert (particles.groupby(fields["vertex_id"]).vz.nunique() == 1).all()
+    np.testing.assert_array_equal(particles.particle_type, 211 * particles.q)
 
 
 def test_hits_and_true_positions_lie_on_their_surfaces(small_event):
@@ -59,8 +73,11 @@ def test_hits_and_true_positions_lie_on_their_surfaces(small_event):
 def test_weights_nhits_and_noise(small_event):
     truth, particles = small_event.truth, small_event.particles
     noise = truth.particle_id == 0
-    assert truth.weight[~noise].sum() == pytest.approx(1.0, abs=1e-5)
-    assert (truth.weight[noise] == 0).all() and (truth.weight[~noise] > 0).all()
+    assert truth.weight.sum() == pytest.approx(1.0, abs=1e-5)
+    # TrackML: noise and particles with fewer than 4 hits weigh 0, every other hit more.
+    short = truth.particle_id.map(particles.set_index("particle_id").nhits) < 4
+    assert (truth.weight[noise | short] == 0).all()
+    assert (truth.weight[~noise & ~short] > 0).all() and (~noise & ~short).sum() > 100
     assert noise.mean() == pytest.approx(SMALL.noise_fraction, abs=0.01)
     counts = truth.particle_id[~noise].value_counts()
     nhits = particles.set_index("particle_id").nhits
@@ -121,6 +138,9 @@ def test_generate_dataset_writes_readable_events(tmp_path):
     expected = generate_event(SMALL, 1001, seed=5)
     pd.testing.assert_frame_equal(event.hits, expected.hits, check_exact=True)
     pd.testing.assert_frame_equal(event.truth, expected.truth, check_exact=True)
+    pd.testing.assert_frame_equal(event.particles, expected.particles, check_exact=True)
+    pd.testing.assert_frame_equal(event.cells, expected.cells, check_exact=True)
+    assert (tmp_path / "detectors.csv").is_file()
 
 
 def test_config_refuses_bad_values():

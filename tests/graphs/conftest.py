@@ -58,6 +58,7 @@ def make_event(hits, particles, event_id=1):
             "pz": 0.0,
             "q": 1,
             "nhits": 0,
+            "particle_type": 211,
         }
     ).astype(COLUMNS["particles"])
     return Event(event_id, hits_frame, truth, particles_frame)
