@@ -29,8 +29,8 @@ COMMANDS = {
         "train the segment classifier (local, horovod, mirrored or multiworker)",
     ),
     "evaluate": Command(
-        "hvdtrack.train.inference",
-        "score a split with a trained run's best (or latest) checkpoint",
+        "hvdtrack.evaluate",
+        "a trained run on a split: edge metrics, tracks, TrackML score, plots",
     ),
     "scaling": Command(
         "hvdtrack.scaling.__main__",

@@ -1,16 +1,15 @@
-"""Inference from a run directory: load a checkpoint, score new graphs, evaluate a split.
+"""Inference from a run directory: load a checkpoint, score graphs, score or evaluate a split.
 
-  python -m hvdtrack.train.inference --run-dir runs/default [--split test] [--checkpoint best]
+The evaluation command (edge and track metrics, plots) is ``python -m hvdtrack.evaluate``.
 
-Public symbols: ``load_classifier``, ``to_graphs_tuple``, ``score_graphs``, ``evaluate_split``.
+Public symbols: ``load_classifier``, ``to_graphs_tuple``, ``score_graphs``, ``score_split``,
+``evaluate_split``.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -21,9 +20,9 @@ from hvdtrack.errors import ConfigError
 from hvdtrack.graphs.construction import HitGraph
 from hvdtrack.inputs import pipeline
 from hvdtrack.model.classifier import SegmentClassifier
-from hvdtrack.records.manifest import open_dataset
+from hvdtrack.records.manifest import Manifest, open_dataset
+from hvdtrack.records.shards import read_split_graphs
 from hvdtrack.train import metrics as metrics_lib
-from hvdtrack.utils.io import write_json
 
 
 def load_classifier(
@@ -80,8 +79,45 @@ def to_graphs_tuple(graphs: Sequence[HitGraph]) -> gn_graphs.GraphsTuple:
 
 def score_graphs(model: SegmentClassifier, graphs: Sequence[HitGraph]) -> list[np.ndarray]:
     """Edge scores (sigmoid of the last step's logit), float32 [E_g] for each graph."""
-    scores = tf.sigmoid(model(to_graphs_tuple(graphs))[-1]).numpy()
-    return np.split(scores, np.cumsum([g.num_edges for g in graphs])[:-1])
+    return [scores for _, scores in _score_batch(_scoring_step(model), list(graphs))]
+
+
+def _scoring_step(model: SegmentClassifier):
+    """The model's edge scores as one compiled function of any GraphsTuple size."""
+    return tf.function(
+        lambda g: tf.sigmoid(model(g)[-1]), input_signature=[pipeline.input_signature()[0]]
+    )
+
+
+def score_split(
+    model: SegmentClassifier,
+    dataset_dir: str | Path,
+    manifest: Manifest,
+    split: str,
+    batch_graphs: int = 1,
+) -> Iterator[tuple[HitGraph, np.ndarray]]:
+    """Yields ``(graph, scores float32 [E])`` for every graph of a split, in manifest order.
+
+    Graphs are scored ``batch_graphs`` at a time by one compiled step (any graph size).
+
+    Raises:
+      DataError: an empty split, a damaged shard or a record of another schema version.
+    """
+    step = _scoring_step(model)
+    batch: list[HitGraph] = []
+    graphs = (g for _, g in read_split_graphs(dataset_dir, manifest, split))
+    for graph in graphs:
+        batch.append(graph)
+        if len(batch) == batch_graphs:
+            yield from _score_batch(step, batch)
+            batch = []
+    if batch:
+        yield from _score_batch(step, batch)
+
+
+def _score_batch(step, batch: list[HitGraph]) -> Iterator[tuple[HitGraph, np.ndarray]]:
+    scores = step(to_graphs_tuple(batch)).numpy()
+    yield from zip(batch, np.split(scores, np.cumsum([g.num_edges for g in batch])[:-1]))
 
 
 def evaluate_split(
@@ -90,45 +126,17 @@ def evaluate_split(
     checkpoint: str = "best",
     dataset_dir: Optional[str] = None,
 ) -> dict[str, float]:
-    """Edge metrics of a run's model on a whole split (one process), written to RUN/eval-SPLIT.json."""
+    """Edge metrics (``metrics.edge_metrics``) of a run's model on a whole split, one process.
+
+    Raises:
+      ConfigError: see ``load_classifier``; DataError: no such split, or damaged records.
+    """
     model, config = load_classifier(run_dir, checkpoint)
     dataset_dir = dataset_dir or config.data.dataset_dir
-    manifest = open_dataset(dataset_dir)
-    step = tf.function(
-        lambda g: tf.sigmoid(model(g)[-1]), input_signature=[pipeline.input_signature()[0]]
+    manifest = open_dataset(dataset_dir, splits=[split], required=[split])
+    scored = list(score_split(model, dataset_dir, manifest, split, config.train.batch_graphs))
+    return metrics_lib.edge_metrics(
+        np.concatenate([s for _, s in scored]),
+        np.concatenate([g.labels for g, _ in scored]),
+        config.train.thresholds,
     )
-    scores, labels = [], []
-    with pipeline.read_errors_as_data_error(dataset_dir, manifest):
-        data = pipeline.eval_dataset(dataset_dir, manifest, split, 0, 1, config.train.batch_graphs)
-        for graphs, batch_labels in data:
-            scores.append(step(graphs).numpy())
-            labels.append(batch_labels.numpy())
-    result = metrics_lib.edge_metrics(
-        np.concatenate(scores), np.concatenate(labels), config.train.thresholds
-    )
-    write_json(
-        Path(run_dir) / f"eval-{split}.json", {"split": split, "checkpoint": checkpoint, **result}
-    )
-    return result
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="hvdtrack evaluate", description=__doc__.splitlines()[0])
-    parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--split", default="test")
-    parser.add_argument("--checkpoint", default="best", help="best, latest, or a checkpoint path")
-    parser.add_argument("--dataset-dir", default=None, help="default: the run's data.dataset_dir")
-    args = parser.parse_args(argv)
-    result = evaluate_split(args.run_dir, args.split, args.checkpoint, args.dataset_dir)
-    print(
-        f"{args.split}: "
-        + ", ".join(f"{k} {v:.4f}" for k, v in result.items() if k != "num_edges")
-        + f" ({int(result['num_edges'])} edges)"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    from hvdtrack.entry import run
-
-    sys.exit(run(main))

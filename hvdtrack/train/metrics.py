@@ -34,6 +34,20 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     return float(u / (num_pos * num_neg))
 
 
+def roc_curve(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ROC curve: false and true positive rates, float64 [K + 1] each, from (0, 0) to (1, 1),
+    one point per distinct score (``scores >= s`` counted as positive)."""
+    scores = np.asarray(scores, np.float64)
+    labels = np.asarray(labels) > 0.5
+    order = np.argsort(-scores, kind="mergesort")
+    tp = np.cumsum(labels[order])
+    fp = np.cumsum(~labels[order])
+    last = np.r_[np.flatnonzero(np.diff(scores[order])), scores.size - 1] if scores.size else []
+    tp, fp = np.r_[0, tp[last]], np.r_[0, fp[last]]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return fp / max(fp[-1], 1), tp / max(tp[-1], 1)
+
+
 def threshold_counts(scores: np.ndarray, labels: np.ndarray, threshold: float) -> dict[str, int]:
     """True/false positive/negative counts of ``scores > threshold`` against ``labels``."""
     predicted = np.asarray(scores) > threshold
