@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's main command: install (idempotent), prepare the default synthetic dataset, train
-# it with `horovodrun -np 2`, write the run's scaling report, and say where everything is.
+# it with `horovodrun -np 2`, write the run's scaling report, evaluate the test split (edge and
+# track metrics, TrackML score, plots), and say where everything is.
 #   bash run_scripts/run_main.sh                       # configs/default.yaml, 2 ranks
 #   CONFIG=configs/tiny.yaml NP=1 bash run_scripts/run_main.sh key=value ...   # overrides go to train
 set -euo pipefail
@@ -26,12 +27,16 @@ echo "[main] training with horovodrun -np $np --$controller (run directory $run_
 echo "[main] report of the run"
 "$py" -m hvdtrack.scaling summary "$run_dir"
 
+echo "[main] evaluation of the test split"
+"$py" -m hvdtrack.evaluate --run "$run_dir" --split test
+
 cat <<MSG
 [main] done.
   TensorBoard logs : $run_dir/tensorboard   (tensorboard --logdir $run_dir/tensorboard)
   checkpoints      : $run_dir/checkpoints  (best by validation loss: $run_dir/best)
   timing records   : $run_dir/run.json, $run_dir/timing.jsonl
   run report       : $run_dir/report/summary.md  (epoch/step times, throughput, cost, energy)
+  evaluation       : $run_dir/evaluate-test/  (metrics.json, plots, TrackML submissions)
   scaling studies  : python -m hvdtrack.scaling run --mode strong --np 1,2 --config $config
   dataset report   : $("$py" -m hvdtrack.train --config "$config" "$@" --print-config |
     "$py" -c 'import json, sys; print(json.load(sys.stdin)["data"]["dataset_dir"])')/report.md
