@@ -11,7 +11,7 @@ more than half of the track's hits AND the track holds more than half of the par
 Noise is never a track's match. A particle is matched by at most one track.
 
 Public symbols: ``TrackMatch``, ``match_tracks``, ``trackml_score``, ``TrackCounts``,
-``count_tracks``, ``binned_efficiency``.
+``count_tracks``, ``reconstructable``, ``binned_efficiency``.
 """
 
 from __future__ import annotations
