@@ -10,7 +10,8 @@
 # Everything SLURM writes (slurm.conf, state, spool, logs, pid files) is under one work directory,
 # HVDTRACK_SLURM_DIR (default /tmp/hvdtrack-slurm). munged is started when not running, with a
 # key created only if /etc/munge/munge.key is missing (an existing key is never replaced).
-# `start` prints one line on stdout, `export SLURM_CONF=...`; progress goes to stderr.
+# HVDTRACK_SLURMCTLD_PORT and HVDTRACK_SLURMD_PORT (default 6817, 6818) let a second cluster, e.g.
+# the tests', run beside one already up. `start` prints one line on stdout, `export SLURM_CONF=...`; progress goes to stderr.
 # The settings that matter for the tests: AuthInfo=cred_expire=20 (a requeued job restarts after
 # ~25 s rather than ~2 min), JobRequeue=1, SchedulerParameters=sched_interval=5, no accounting.
 set -euo pipefail
@@ -66,6 +67,8 @@ write_conf() {
 # Written by run_scripts/slurm_cluster.sh: a one-node test cluster, no accounting.
 ClusterName=hvdtrack
 SlurmctldHost=$host
+SlurmctldPort=${HVDTRACK_SLURMCTLD_PORT:-6817}
+SlurmdPort=${HVDTRACK_SLURMD_PORT:-6818}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -88,6 +91,9 @@ JobCompType=jobcomp/none
 MpiDefault=none
 ReturnToService=2
 JobRequeue=1
+# TERM -> KILL after 5 s (default 30): a rank whose peer died treats srun's TERM as a request to
+# checkpoint and waits in a collective that never completes; KILL ends it sooner.
+KillWait=5
 $node State=UNKNOWN
 PartitionName=debug Nodes=$name Default=YES MaxTime=INFINITE State=UP
 EOF

@@ -1,0 +1,141 @@
+"""run_scripts/slurm/train.sbatch, unchanged, on a real one-node SLURM cluster: 2 Horovod ranks
+started by ``srun --mpi=pmix``; USR1 to the batch shell (what ``--signal=B:USR1@N`` sends before
+the time limit) checkpoints, requeues the job and the rerun resumes to the weights of a run never
+stopped; ``kill -9`` of one rank ends the job within seconds (``--kill-on-bad-exit``)."""
+
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.launch import REPO
+
+pytestmark = [pytest.mark.slurm, pytest.mark.distributed, pytest.mark.slow]
+# Deadlines below are for a machine shared with other work; alone, the three tests take ~2 min.
+SCRIPT = str(REPO / "run_scripts/slurm/train.sbatch")
+EPOCHS, STEPS_PER_EPOCH = 8, 4  # tiny: 8 training graphs, 2 ranks x 1 graph
+
+
+def train_args(dataset, run_dir, epochs=EPOCHS):
+    return [
+        SCRIPT,
+        "configs/tiny.yaml",
+        f"data.dataset_dir={dataset}",
+        f"train.run_dir={run_dir}",
+        f"train.epochs={epochs}",
+        "train.batch_graphs=1",
+        "train.progress_bar=false",
+    ]
+
+
+def submit(slurm, out, *args, **env):
+    return slurm.sbatch("--ntasks-per-node=2", "--cpus-per-task=1", f"--output={out}", *args, **env)
+
+
+def weights(run_dir):
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(run_dir / "checkpoints")))
+    names = sorted(n for n in reader.get_variable_to_shape_map() if n.startswith("model/"))
+    assert names
+    return {n: reader.get_tensor(n) for n in names}
+
+
+def wait_for(path, job, slurm, timeout=240):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        fields = slurm.job(job)
+        assert fields["JobState"] in ("PENDING", "RUNNING"), fields
+        assert time.monotonic() < deadline, f"no {path} after {timeout} s: {fields}"
+        time.sleep(0.2)
+
+
+def rank_pid(run_dir, rank, timeout=60):
+    """The pid of the training process of SLURM task ``rank`` writing to ``run_dir``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+                environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if (
+                f"train.run_dir={run_dir}".encode() in cmdline
+                and b"hvdtrack.train" in cmdline
+                and f"SLURM_PROCID={rank}".encode() in environ
+            ):
+                return int(pid)
+        time.sleep(0.2)
+    raise AssertionError(f"no task {rank} process for {run_dir}")
+
+
+@pytest.fixture(scope="module")
+def straight(slurm, tiny_dataset, tmp_path_factory):
+    """A 2-rank run never stopped: its directory and its job's output."""
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    out = run_dir.parent / "job.out"
+    started = time.monotonic()
+    job = submit(slurm, out, *train_args(tiny_dataset, run_dir))
+    fields = slurm.wait(job, timeout=300)
+    print(f"straight run: {time.monotonic() - started:.1f} s from sbatch to the end")
+    assert fields["JobState"] == "COMPLETED", out.read_text()
+    return run_dir, out.read_text()
+
+
+def test_two_horovod_ranks_started_by_srun_pmix_finish(straight):
+    run_dir, output = straight
+    assert "srun --kill-on-bad-exit=1 --mpi=pmix" in output, output
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "finished", info
+    assert (info["strategy"], info["num_workers"]) == ("horovod", 2)
+
+
+def test_usr1_checkpoints_requeues_and_the_rerun_resumes_exactly(
+    slurm, tiny_dataset, tmp_path, straight
+):
+    run_dir, out = tmp_path / "run", tmp_path / "job.out"
+    job = submit(slurm, out, *train_args(tiny_dataset, run_dir))
+    wait_for(run_dir / "timing.jsonl", job, slurm)  # the first epoch is recorded: mid-run
+    signalled = time.monotonic()
+    slurm.run("scancel", "--signal=USR1", "--batch", job)  # what --signal=B:USR1@N does
+    slurm.wait(job, timeout=120, until=lambda f: f["Restarts"] == "1")
+    requeued = time.monotonic()
+    slurm.wait(job, timeout=120, until=lambda f: "SLURM_RESTART_COUNT=1" in out.read_text())
+    rerun = time.monotonic()
+    fields = slurm.wait(job, timeout=300)
+    print(
+        f"USR1 -> requeued {requeued - signalled:.1f} s, requeued -> rerun started "
+        f"{rerun - requeued:.1f} s, rerun {time.monotonic() - rerun:.1f} s"
+    )
+    output = out.read_text()
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", (fields, output)
+    assert "SIGUSR1 received: passing it on to the ranks" in output, output
+    assert "stopped by a signal (SIGUSR1 here)" in output, output
+    assert f"requeueing job {job}" in output, output
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "finished" and info["stopped_by"] is None, info
+
+    resumed, expected = weights(run_dir), weights(straight[0])
+    assert resumed.keys() == expected.keys()
+    for name in expected:
+        np.testing.assert_allclose(resumed[name], expected[name], rtol=1e-6, atol=1e-7)
+    records = [json.loads(line) for line in open(run_dir / "timing.jsonl")][1:]
+    steps = [(r["epoch"], r["step"], r["rank"]) for r in records if r["kind"] == "step"]
+    assert len(steps) == len(set(steps)) == EPOCHS * STEPS_PER_EPOCH * 2  # each step once
+
+
+def test_kill_9_of_one_rank_ends_the_job_within_seconds(slurm, tiny_dataset, tmp_path):
+    run_dir, out = tmp_path / "run", tmp_path / "job.out"
+    job = submit(slurm, out, *train_args(tiny_dataset, run_dir, epochs=200))
+    wait_for(run_dir / "timing.jsonl", job, slurm)
+    killed = time.monotonic()
+    os.kill(rank_pid(run_dir, 1), signal.SIGKILL)
+    fields = slurm.wait(job, timeout=30)
+    print(f"kill -9 of task 1 -> job ended {time.monotonic() - killed:.1f} s")
+    output = out.read_text()
+    assert fields["JobState"] == "FAILED" and fields["Restarts"] == "0", (fields, output)
+    assert "requeueing" not in output, output
+    assert "task 1: Killed" in output, output
