@@ -12,6 +12,7 @@ with a run that was never interrupted (weights to rtol 1e-6, every step recorded
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -28,7 +29,7 @@ from typing import Callable, Optional
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.launch import start_job, wait_for_file, worker_env  # noqa: E402
+from tests.launch import Job, start_job, wait_for_file, worker_env  # noqa: E402
 
 COMMAND = "python run_scripts/fault_table.py"
 DEADLINE = 10  # distributed.deadline_s in every case (the smallest allowed)
@@ -250,6 +251,132 @@ def signal_a_rank(case: Case, work: Path) -> Row:
     return row
 
 
+@contextlib.contextmanager
+def test_hosts():
+    """Two network-namespace hosts (run_scripts/test_hosts.sh), stopped after unless they
+    were up before."""
+    from tests.hosts import Hosts, _checked, _script
+
+    already_up = _script("status", timeout=60).returncode == 0
+    _checked("start", "2")
+    try:
+        yield Hosts.read()
+    finally:
+        if not already_up:
+            _checked("stop", timeout=60)
+
+
+def start_on_hosts(command: list[str], env: dict, log: Path) -> Job:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    return Job("gloo", [proc], [log])
+
+
+def host_goes_silent(case: Case, work: Path) -> Row:
+    """h2's link goes down and its processes die without a word (a crashed node); rerunning
+    the same command once h2 is back resumes."""
+    ctx, row = CONTEXT, Row(case.fault, case.launcher)
+    run_dir = work / "run"
+    with test_hosts() as hosts:
+        command = hosts.horovodrun_command(train_args(ctx, run_dir, "gloo"), "gloo")
+        job = start_on_hosts(command, hosts.env(), work / "logs/job.log")
+        try:
+            wait_for_file(run_dir / "timing.jsonl", job, timeout=300)
+            time.sleep(0.5)
+            hosts.down("h2")
+            started = time.monotonic()
+            row.exit_code = job.wait(DEADLINE + 120)
+            row.exit_s = time.monotonic() - started
+        finally:
+            job.kill()
+            hosts.up("h2")
+        row.message = message_line(job.output(), "gloo")
+        row.checkpoint, row.run_status = latest_checkpoint(run_dir), run_status(run_dir)
+        row.records = records_check(run_dir, complete=False)
+        rerun = start_on_hosts(command, hosts.env(), work / "logs/rerun.log")
+        code = rerun.wait(900)
+        rerun.kill()
+    if code != 0:
+        row.resume = f"no (rerun exit {code})"
+    else:
+        row.resume = compare(weights(run_dir), ctx.straight())
+        row.records = records_check(run_dir, complete=True) + " after resume"
+    return row
+
+
+def elastic_host_back(case: Case, work: Path) -> Row:
+    """An elastic job (--min-np 1, discovery by the hosts that are up) loses h2 mid-epoch and
+    takes it back after the blacklist cooldown. Time: from the fault to the first epoch on one
+    worker. 60 epochs: h2 needs time to come back."""
+    ctx, row = CONTEXT, Row(case.fault, case.launcher)
+    run_dir = work / "run"
+    epochs = 60
+
+    def epochs_on(workers: int) -> int:
+        try:
+            lines = (run_dir / "timing.jsonl").read_text().splitlines()[1:]
+        except FileNotFoundError:
+            return 0
+        rows = [json.loads(line) for line in lines if line.strip()]
+        return len({r["epoch"] for r in rows if r["kind"] == "epoch" and r["workers"] == workers})
+
+    def wait_until(condition, job: Job, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if job.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"elastic job: gave up waiting\n{job.output()[-2000:]}")
+            time.sleep(0.2)
+
+    with test_hosts() as hosts:
+        args = train_args(ctx, run_dir, "gloo", f"train.epochs={epochs}")
+        command = [
+            str(REPO / ".venv/bin/horovodrun"),
+            "-np", "2", "--min-np", "1", "--max-np", "2",
+            "--network-interface", hosts.interface,
+            "--host-discovery-script", hosts.discovery_command(1),
+            "--blacklist-cooldown-range", "5", "10",
+            sys.executable, *args,
+        ]  # fmt: skip
+        env = hosts.env()
+        # ssh keepalives: the driver sees h2's session end a few seconds after its link went.
+        ssh = work / "bin/ssh"
+        ssh.parent.mkdir(parents=True)
+        ssh.write_text(
+            f'#!/bin/sh\nexec "{hosts.ssh}" -o ServerAliveInterval=2 -o ServerAliveCountMax=3 "$@"\n'
+        )
+        ssh.chmod(0o755)
+        env["PATH"] = f"{ssh.parent}:{env['PATH']}"
+        job = start_on_hosts(command, env, work / "logs/job.log")
+        try:
+            wait_until(lambda: epochs_on(2) >= 2, job, 300)
+            hosts.down("h2")
+            started = time.monotonic()
+            wait_until(lambda: epochs_on(1) >= 1, job, 300)
+            row.exit_s = time.monotonic() - started
+            hosts.up("h2")
+            row.exit_code = job.wait(900)
+        finally:
+            job.kill()
+            hosts.up("h2")
+    output = [line.split("<stderr>:")[-1].strip() for line in job.output().splitlines()]
+    restarts = [line for line in output if "elastic restart" in line]
+    row.message = " / ".join(line.removeprefix("[hvdtrack] WARNING: ") for line in restarts)
+    info = json.loads((run_dir / "run.json").read_text())
+    row.run_status = run_status(run_dir)
+    numbers = [int(p.name[5:-6]) for p in (run_dir / "checkpoints").glob("ckpt-*.index")]
+    row.checkpoint = f"global step {max(numbers)} (end of epoch {epochs})"
+    by_workers = {w: epochs_on(w) for w in (1, 2)}
+    row.records = (
+        f"{by_workers[2]} epochs on 2 workers, {by_workers[1]} on 1; "
+        f"val AUC {info['metrics'].get('auc', float('nan')):.3f}"
+    )
+    row.resume = "- (went on)"
+    return row
+
+
 def own_dataset(work: Path) -> Path:
     """A dataset prepared for this case alone (a copy would count as stale, prepared afresh)."""
     data = work / "data"
@@ -336,6 +463,8 @@ CASES: list[Case] = [
     Case("SIGSTOP of rank 0", "mpi", signal_a_rank, rank=0),
     Case("SIGTERM of rank 1", "gloo", signal_a_rank, resume=True),
     Case("SIGTERM of rank 1", "mpirun", signal_a_rank),
+    Case("host h2 goes silent (link down)", "gloo, 2 hosts", host_goes_silent, resume=True),
+    Case("elastic: h2 goes silent, then back", "gloo elastic, 2 hosts", elastic_host_back),
     Case("corrupted training shard", "local", corrupt_shard),
     Case("training shard deleted", "local", delete_shard),
     Case("prepare at a folder of CSVs", "local", prepare_elsewhere),
