@@ -62,11 +62,11 @@ fi
 
 # ---------------------------------------------------------------- preconditions
 command -v "$python_bin" >/dev/null || die "no '$python_bin' on PATH" \
-    "install Python 3.9-3.12 (Debian: apt-get install python3 python3-venv python3-dev) or set PYTHON=/path/to/python3"
+    "install Python 3.11 (Debian 12: apt-get install python3 python3-venv python3-dev) or set PYTHON=/path/to/python3.11"
 pyver="$("$python_bin" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 case "$pyver" in
-    3.9|3.10|3.11|3.12) ;;
-    *) die "Python $pyver found ($python_bin); TensorFlow 2.18 and Horovod 0.28.1 need Python 3.9-3.12" \
+    3.11) ;;
+    *) die "Python $pyver found ($python_bin); hvdtrack supports Python 3.11, the one CI tests (setup.cfg python_requires)" \
            "install a supported Python and run again with PYTHON=/path/to/python3.11" ;;
 esac
 
