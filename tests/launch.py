@@ -62,6 +62,22 @@ def launch_command(np: int, args: list[str], controller: str = "gloo") -> list[s
     return [*cmd, sys.executable, *args]
 
 
+def tiny_training(dataset, run_dir, *overrides: str, strategy: str = "horovod") -> list[str]:
+    """``-m hvdtrack.train`` on the tiny config, ``dataset`` and ``run_dir``, no progress bar,
+    as launched workers run it; ``overrides`` come last."""
+    return [
+        "-m",
+        "hvdtrack.train",
+        "--config",
+        str(REPO / "configs/tiny.yaml"),
+        f"data.dataset_dir={dataset}",
+        f"train.run_dir={run_dir}",
+        f"distributed.strategy={strategy}",
+        "train.progress_bar=false",
+        *overrides,
+    ]
+
+
 def check(result: subprocess.CompletedProcess) -> str:
     """Asserts a launched job succeeded, showing its output if not; returns stdout."""
     assert result.returncode == 0, (

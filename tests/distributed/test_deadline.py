@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.launch import REPO, start_job, wait_for_file
+from tests.launch import start_job, tiny_training, wait_for_file
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 DEADLINE = 10
@@ -20,18 +20,13 @@ FAULTS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 def train_args(dataset, run_dir, launcher):
     strategy = "multiworker" if launcher == "multiworker" else "horovod"
-    return [
-        "-m",
-        "hvdtrack.train",
-        "--config",
-        str(REPO / "configs/tiny.yaml"),
-        f"data.dataset_dir={dataset}",
-        f"train.run_dir={run_dir}",
-        f"distributed.strategy={strategy}",
+    return tiny_training(
+        dataset,
+        run_dir,
         "train.epochs=500",
-        "train.progress_bar=false",
         f"distributed.deadline_s={DEADLINE}",
-    ]
+        strategy=strategy,
+    )
 
 
 # What names the lost rank: our heartbeat (Horovod), TensorFlow's (MultiWorker), or the launcher

@@ -13,7 +13,7 @@ import pytest
 
 from hvdtrack.train.inference import evaluate_split
 from tests.hosts import hosts  # noqa: F401 (the session fixture)
-from tests.launch import BIN, REPO, worker_env
+from tests.launch import BIN, REPO, tiny_training, worker_env
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -21,18 +21,7 @@ EPOCHS = 80
 
 
 def train_args(dataset, run_dir, epochs=EPOCHS):
-    return [
-        "-m",
-        "hvdtrack.train",
-        "--config",
-        str(REPO / "configs/tiny.yaml"),
-        f"data.dataset_dir={dataset}",
-        f"train.run_dir={run_dir}",
-        "distributed.strategy=horovod",
-        f"train.epochs={epochs}",
-        "train.batch_graphs=1",
-        "train.progress_bar=false",
-    ]
+    return tiny_training(dataset, run_dir, f"train.epochs={epochs}", "train.batch_graphs=1")
 
 
 def epoch_records(run_dir):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.launch import REPO, check, horovodrun, start_job, wait_for_file
+from tests.launch import check, horovodrun, start_job, tiny_training, wait_for_file
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 DEADLINE = 10
@@ -22,20 +22,14 @@ EVERY = 3  # step checkpoints that fall inside epochs (global steps 3, 6, 9, ...
 
 
 def train_args(dataset, run_dir):
-    return [
-        "-m",
-        "hvdtrack.train",
-        "--config",
-        str(REPO / "configs/tiny.yaml"),
-        f"data.dataset_dir={dataset}",
-        f"train.run_dir={run_dir}",
-        "distributed.strategy=horovod",
+    return tiny_training(
+        dataset,
+        run_dir,
         f"train.epochs={EPOCHS}",
         "train.batch_graphs=1",
-        "train.progress_bar=false",
         f"train.checkpoint_every_steps={EVERY}",
         f"distributed.deadline_s={DEADLINE}",
-    ]
+    )
 
 
 def weights(run_dir):

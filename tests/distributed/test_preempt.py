@@ -11,24 +11,13 @@ import pytest
 import tensorflow as tf
 
 from hvdtrack.train.loop import PREEMPTED_EXIT_CODE
-from tests.launch import REPO, check, horovodrun, rank_pid, start_training
+from tests.launch import check, horovodrun, start_training, tiny_training, worker_pid
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
 def train_args(dataset, run_dir):
-    return [
-        "-m",
-        "hvdtrack.train",
-        "--config",
-        str(REPO / "configs/tiny.yaml"),
-        f"data.dataset_dir={dataset}",
-        f"train.run_dir={run_dir}",
-        "distributed.strategy=horovod",
-        "train.epochs=40",
-        "train.batch_graphs=1",
-        "train.progress_bar=false",
-    ]
+    return tiny_training(dataset, run_dir, "train.epochs=40", "train.batch_graphs=1")
 
 
 def weights(run_dir):
@@ -41,7 +30,7 @@ def weights(run_dir):
 def test_sigterm_checkpoints_every_rank_and_the_rerun_resumes_exactly(tiny_dataset, tmp_path):
     run_dir = tmp_path / "preempted"
     job = start_training(2, train_args(tiny_dataset, run_dir), run_dir)
-    os.kill(rank_pid(run_dir, 1), signal.SIGTERM)
+    os.kill(worker_pid(run_dir, 1), signal.SIGTERM)
     output, _ = job.communicate(timeout=120)
     assert job.returncode != 0, output
     assert f"Process 1 exit with status code {PREEMPTED_EXIT_CODE}" in output, output
