@@ -36,7 +36,7 @@ from hvdtrack.configtools import to_mapping
 from hvdtrack.entry import run
 from hvdtrack.errors import ConfigError, DataError, HvdtrackError
 from hvdtrack.events import synthetic, trackml
-from hvdtrack.graphs.construction import build_hit_graphs
+from hvdtrack.graphs.construction import build_hit_graphs_counting_lost
 from hvdtrack.graphs.report import ConstructionReport
 from hvdtrack.records.manifest import (
     MANIFEST_NAME,
@@ -74,15 +74,16 @@ class _Job:
     csv_dir: str
 
 
-def _process_event(job: _Job) -> tuple[int, list[EncodedGraph], list[int]]:
+def _process_event(job: _Job) -> tuple[int, list[EncodedGraph], list[tuple[int, int]]]:
     """Reads (or generates, writes and reads back) one event and builds its encoded graphs."""
     prefix = job.prefix
     if prefix is None:
         event = synthetic.generate_event(job.data.synthetic, job.event_id, job.data.seed)
         prefix = trackml.write_event(event, job.csv_dir)
     event = trackml.read_event(prefix)
-    graphs = build_hit_graphs(event, job.data.graph)
-    return job.event_id, [encode_graph(g) for g in graphs], [g.num_true_segments for g in graphs]
+    graphs, lost = build_hit_graphs_counting_lost(event, job.data.graph)
+    segments = [(g.num_true_segments, int(n)) for g, n in zip(graphs, lost)]
+    return job.event_id, [encode_graph(g) for g in graphs], segments
 
 
 def _event_jobs(data: DataConfig, csv_dir: Path) -> list[_Job]:
@@ -170,15 +171,15 @@ def _build(config: Config, out: Path, progress: bool) -> dict:
     jobs = [j for j in jobs if j.event_id in split_of]
     workers = min(data.workers or usable_cpus(), len(jobs))
     started = time.perf_counter()
-    counts: dict[str, list[list[int]]] = {name: [[], [], [], []] for name in splits}
+    counts: dict[str, list[list[int]]] = {name: [[], [], [], [], []] for name in splits}
     bar = _bar(progress, len(jobs))
     results = _run(jobs, workers, data.prepare_timeout_s, Path(data.dataset_dir))
     with DatasetWriter(out, data.records) as writer, contextlib.closing(results):
         for event_id, encoded, segments in results:
             split = split_of[event_id]
-            for graph, num_segments in zip(encoded, segments):
+            for graph, segment_counts in zip(encoded, segments):
                 writer.add(split, graph)
-                _count(counts[split], _report_row(graph.info, num_segments))
+                _count(counts[split], _report_row(graph.info, segment_counts))
             bar.update(1)
         bar.close()
         manifest = writer.finish()
@@ -232,9 +233,10 @@ def _write_report(
     return report
 
 
-def _report_row(info: GraphInfo, num_segments: int) -> tuple[int, ...]:
-    """A graph's counts for the construction report (nodes, edges, true edges, true segments)."""
-    return info.num_nodes, info.num_edges, info.num_true_edges, num_segments
+def _report_row(info: GraphInfo, segments: tuple[int, int]) -> tuple[int, ...]:
+    """A graph's counts for the construction report: nodes, edges, true edges, true segments
+    and the true segments no layer pair can form (``segments``: the last two)."""
+    return info.num_nodes, info.num_edges, info.num_true_edges, *segments
 
 
 def _count(columns: list[list[int]], row: tuple[int, ...]) -> None:
@@ -521,14 +523,14 @@ def prepare_dataset_mpi(config: Config, comm, force: bool = False, progress: boo
             results = _run([job for _, job in my_jobs], workers, timeout, target)
             with open(out / _scratch_name(rank), "wb") as f, contextlib.closing(results):
                 for (job, _), (event_id, encoded, segments) in zip(my_jobs, results):
-                    for position, (graph, num_segments) in enumerate(zip(encoded, segments)):
+                    for position, (graph, segment_counts) in enumerate(zip(encoded, segments)):
                         stored.append(
                             _Stored(
                                 job,
                                 position,
                                 split_of[event_id],
                                 graph.info,
-                                _report_row(graph.info, num_segments),
+                                _report_row(graph.info, segment_counts),
                                 rank,
                                 f.tell(),
                                 len(graph.example),
@@ -544,7 +546,7 @@ def prepare_dataset_mpi(config: Config, comm, force: bool = False, progress: boo
                 (s for entries, _ in results for s in entries), key=lambda s: (s.job, s.position)
             )
             mine["workers"] = sum(workers for _, workers in results)
-            mine["counts"] = counts = {name: [[], [], [], []] for name in mine["splits"]}
+            mine["counts"] = counts = {name: [[], [], [], [], []] for name in mine["splits"]}
             mine["shards"] = shards = {}
             tasks: list[list] = [[] for _ in range(size)]
             for split in data.records.split_names:
@@ -678,18 +680,22 @@ def _markdown(report: dict, per_split: dict, total: ConstructionReport, data: Da
         f"|dphi/dr| < {g.phi_slope_max}, |z0| < {g.z0_max} mm, "
         f"{g.n_phi_sections} x {g.n_eta_sections} sections.",
         "",
-        "| split | graphs | nodes mean | nodes max | edges mean | edges max | efficiency | purity |",
-        "|---|---|---|---|---|---|---|---|",
+        "| split | graphs | nodes mean | nodes max | edges mean | edges max | efficiency | purity "
+        "| lost segments | efficiency (all) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in [*per_split.items(), ("all", total)]:
         lines.append(
             f"| {name} | {r.num_graphs} | {r.nodes_mean:.0f} | {r.nodes_max} | {r.edges_mean:.0f} | "
-            f"{r.edges_max} | {r.efficiency:.4f} | {r.purity:.4f} |"
+            f"{r.edges_max} | {r.efficiency:.4f} | {r.purity:.4f} | {r.num_lost_segments} | "
+            f"{r.efficiency_all_segments:.4f} |"
         )
     lines += [
         "",
-        "efficiency = true segments kept by the cuts / all true consecutive segments; "
-        "purity = true edges / edges.",
+        "efficiency = true segments kept by the cuts / true consecutive segments on adjacent "
+        "layer pairs; lost segments = true consecutive segments on layers that are not an "
+        "adjacency pair (a layer skipped), which no edge can hold; efficiency (all) counts them "
+        "too; purity = true edges / edges.",
         "",
     ]
     return "\n".join(lines)
