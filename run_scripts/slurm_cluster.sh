@@ -91,9 +91,10 @@ JobCompType=jobcomp/none
 MpiDefault=none
 ReturnToService=2
 JobRequeue=1
-# TERM -> KILL after 5 s (default 30): a rank whose peer died treats srun's TERM as a request to
-# checkpoint and waits in a collective that never completes; KILL ends it sooner.
-KillWait=5
+# TERM -> KILL after 10 s (default 30): time enough for the ranks to checkpoint on scancel, and a
+# rank whose peer died (it takes srun's TERM as a request to checkpoint and may wait in a
+# collective that never completes) is ended sooner.
+KillWait=10
 $node State=UNKNOWN
 PartitionName=debug Nodes=$name Default=YES MaxTime=INFINITE State=UP
 EOF

@@ -139,3 +139,16 @@ def test_kill_9_of_one_rank_ends_the_job_within_seconds(slurm, tiny_dataset, tmp
     assert fields["JobState"] == "FAILED" and fields["Restarts"] == "0", (fields, output)
     assert "requeueing" not in output, output
     assert "task 1: Killed" in output, output
+
+
+def test_scancel_checkpoints_and_ends_the_job_without_requeue(slurm, tiny_dataset, tmp_path):
+    run_dir, out = tmp_path / "run", tmp_path / "job.out"
+    job = submit(slurm, out, *train_args(tiny_dataset, run_dir, epochs=200))
+    wait_for(run_dir / "timing.jsonl", job, slurm)
+    slurm.run("scancel", job)  # TERM to the batch shell and the ranks
+    fields = slurm.wait(job, timeout=60)
+    output = out.read_text()
+    assert fields["JobState"] == "CANCELLED" and fields["Restarts"] == "0", (fields, output)
+    assert "requeueing" not in output, output
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "stopped" and info["stopped_by"] == "signal", info
