@@ -1,7 +1,9 @@
-"""run_scripts/slurm/train.sbatch, unchanged, on a real one-node SLURM cluster: 2 Horovod ranks
-started by ``srun --mpi=pmix``; USR1 to the batch shell (what ``--signal=B:USR1@N`` sends before
-the time limit) checkpoints, requeues the job and the rerun resumes to the weights of a run never
-stopped; ``kill -9`` of one rank ends the job within seconds (``--kill-on-bad-exit``)."""
+"""run_scripts/slurm/prepare.sbatch and train.sbatch, unchanged, on a real one-node SLURM cluster:
+prepare, then 2 Horovod ranks started by ``srun --mpi=pmix`` (``--dependency=afterok``); USR1 to
+the batch shell (what ``--signal=B:USR1@N`` sends before the time limit) checkpoints, requeues the
+job and the rerun resumes to the weights of a run never stopped; ``scancel`` checkpoints and ends
+the job without requeue; ``kill -9`` of one rank ends the job within seconds
+(``--kill-on-bad-exit``)."""
 
 import json
 import os
@@ -73,31 +75,43 @@ def rank_pid(run_dir, rank, timeout=60):
 
 
 @pytest.fixture(scope="module")
-def straight(slurm, tiny_dataset, tmp_path_factory):
-    """A 2-rank run never stopped: its directory and its job's output."""
-    run_dir = tmp_path_factory.mktemp("straight") / "run"
-    out = run_dir.parent / "job.out"
+def chain(slurm, tmp_path_factory):
+    """prepare.sbatch, then a 2-rank train.sbatch run never stopped, submitted with
+    ``--dependency=afterok`` on it: the dataset, the run directory and the jobs' output."""
+    base = tmp_path_factory.mktemp("chain")
+    dataset, run_dir = base / "data", base / "run"
     started = time.monotonic()
-    job = submit(slurm, out, *train_args(tiny_dataset, run_dir))
-    fields = slurm.wait(job, timeout=300)
-    print(f"straight run: {time.monotonic() - started:.1f} s from sbatch to the end")
-    assert fields["JobState"] == "COMPLETED", out.read_text()
-    return run_dir, out.read_text()
+    prepare = slurm.sbatch(
+        f"--output={base / 'prepare.out'}",
+        str(REPO / "run_scripts/slurm/prepare.sbatch"),
+        "configs/tiny.yaml",
+        f"data.dataset_dir={dataset}",
+    )
+    train = submit(
+        slurm, base / "train.out", f"--dependency=afterok:{prepare}", *train_args(dataset, run_dir)
+    )
+    fields = slurm.wait(prepare, timeout=120)
+    assert fields["JobState"] == "COMPLETED", (base / "prepare.out").read_text()
+    fields = slurm.wait(train, timeout=300)
+    print(f"prepare -> train chain: {time.monotonic() - started:.1f} s from sbatch to the end")
+    output = (base / "train.out").read_text()
+    assert fields["JobState"] == "COMPLETED", output
+    return dataset, run_dir, output
 
 
-def test_two_horovod_ranks_started_by_srun_pmix_finish(straight):
-    run_dir, output = straight
+def test_prepare_then_two_horovod_ranks_started_by_srun_pmix(chain):
+    dataset, run_dir, output = chain
+    assert (dataset / "manifest.json").is_file()
     assert "srun --kill-on-bad-exit=1 --mpi=pmix" in output, output
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "finished", info
     assert (info["strategy"], info["num_workers"]) == ("horovod", 2)
 
 
-def test_usr1_checkpoints_requeues_and_the_rerun_resumes_exactly(
-    slurm, tiny_dataset, tmp_path, straight
-):
+def test_usr1_checkpoints_requeues_and_the_rerun_resumes_exactly(slurm, tmp_path, chain):
+    dataset, straight, _ = chain
     run_dir, out = tmp_path / "run", tmp_path / "job.out"
-    job = submit(slurm, out, *train_args(tiny_dataset, run_dir))
+    job = submit(slurm, out, *train_args(dataset, run_dir))
     wait_for(run_dir / "timing.jsonl", job, slurm)  # the first epoch is recorded: mid-run
     signalled = time.monotonic()
     slurm.run("scancel", "--signal=USR1", "--batch", job)  # what --signal=B:USR1@N does
@@ -118,7 +132,7 @@ def test_usr1_checkpoints_requeues_and_the_rerun_resumes_exactly(
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "finished" and info["stopped_by"] is None, info
 
-    resumed, expected = weights(run_dir), weights(straight[0])
+    resumed, expected = weights(run_dir), weights(straight)
     assert resumed.keys() == expected.keys()
     for name in expected:
         np.testing.assert_allclose(resumed[name], expected[name], rtol=1e-6, atol=1e-7)
