@@ -37,6 +37,7 @@ poll() {
 }
 node_idle() { SLURM_CONF="$conf" sinfo -h -o %T | grep -qx 'idle'; }
 munge_works() { munge -n | unmunge; }
+no_jobs() { [ -z "$(SLURM_CONF="$conf" squeue -h -o %i 2>/dev/null)" ]; }
 
 start_munge() {
     if munge_works >/dev/null 2>&1; then
@@ -131,6 +132,16 @@ start() {
 
 stop() {
     if [ -f "$conf" ] && alive "$dir/slurmctld.pid"; then
+        # Jobs first, so that no slurmstepd is left behind by a slurmd that is gone.
+        local jobs
+        jobs="$(SLURM_CONF="$conf" squeue -h -o %i 2>/dev/null || true)"
+        if [ -n "$jobs" ]; then
+            say "cancelling jobs: $(echo $jobs)"
+            # shellcheck disable=SC2086
+            SLURM_CONF="$conf" scancel $jobs 2>/dev/null || true
+            poll no_jobs ||
+                say "jobs still there after ${wait_s} s: shutting down anyway"
+        fi
         SLURM_CONF="$conf" scontrol shutdown >/dev/null 2>&1 || true
     fi
     for daemon in slurmctld slurmd; do
