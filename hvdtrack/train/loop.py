@@ -344,6 +344,9 @@ class _Fit:
         """Trains one epoch from step ``first`` and validates; records it unless stopped.
         Returns (stopped, validation metrics or None)."""
         t = self.t
+        bookkeeping_parts = ("checkpoint_s", "records_s", "summaries_s")
+        # Already booked to this interval: the previous epoch's records, checkpoint and commit.
+        booked = sum(clock.parts[p] for p in bookkeeping_parts)
         train_start = time.perf_counter()
         self.epoch_records_from = len(self.prior_steps)  # this epoch's steps, once gathered
         with clock.part("pipeline_s"):
@@ -354,7 +357,7 @@ class _Fit:
         if tally.stopped:
             return True, None
         # Training time: pipeline and steps; step checkpoints, records and summaries taken out.
-        bookkeeping = sum(clock.parts[p] for p in ("checkpoint_s", "records_s", "summaries_s"))
+        bookkeeping = sum(clock.parts[p] for p in bookkeeping_parts) - booked
         train_s = time.perf_counter() - train_start - bookkeeping
         val = None
         if (epoch + 1) % self.tc.validate_every_epochs == 0 or epoch + 1 == self.tc.epochs:
