@@ -446,7 +446,7 @@ def test_sbatch_script_is_shellcheck_clean(script):
 @pytest.mark.parametrize(
     ("script", "required"),
     [
-        ("train.sbatch", {"nodes", "ntasks-per-node", "gpus-per-node", "cpus-per-task", "time"}),
+        ("train.sbatch", {"nodes", "ntasks-per-node", "cpus-per-task", "time", "signal", "requeue"}),
         ("prepare.sbatch", {"nodes", "ntasks", "cpus-per-task", "time"}),
     ],
 )
@@ -476,6 +476,9 @@ def fake_slurm(tmp_path):
     srun = bin_dir / "srun"
     srun.write_text(
         "#!/bin/bash\n"
+        # The plugins a site offers, as Debian's slurm-wlm 22.05 lists them.
+        'if [ "$1" = --mpi=list ]; then printf "MPI plugin types are...\\n\\tnone\\n\\tpmi2\\n'
+        '\\tpmix\\nspecific pmix plugin versions available: pmix_v4\\n"; exit 0; fi\n'
         f"printf '%s\\0' \"$@\" > {shlex.quote(str(log))}\n"
         f'{{ echo "OMP_NUM_THREADS=$OMP_NUM_THREADS"; '
         f'echo "CUDA_VISIBLE_DEVICES=${{CUDA_VISIBLE_DEVICES-<unset>}}"; }} > {shlex.quote(str(envlog))}\n'
@@ -590,6 +593,6 @@ def test_train_rejects_an_unknown_strategy(fake_slurm):
 def test_prepare_runs_one_task(fake_slurm):
     proc, argv, env = fake_slurm("prepare.sbatch", "configs/x.yaml", SLURM_CPUS_PER_TASK="16")
     assert proc.returncode == 0, proc.stderr
-    assert argv == ["--ntasks=1", "--cpus-per-task=16", "python3", "-m", "hvdtrack.prepare",
-                    "--config", "configs/x.yaml"]  # fmt: skip
+    assert argv == ["--kill-on-bad-exit=1", "--ntasks=1", "--cpus-per-task=16", "python3", "-m",
+                    "hvdtrack.prepare", "--config", "configs/x.yaml"]  # fmt: skip
     assert env["OMP_NUM_THREADS"] == "16"
