@@ -2,6 +2,8 @@
 # The README's test command: installs everything needed (idempotent), lints, runs the test suite.
 #   bash run_scripts/run_tests.sh                 # everything, as CI runs it
 #   bash run_scripts/run_tests.sh -m "not slow"   # extra arguments go to pytest
+#   bash run_scripts/run_tests.sh -m extended     # the extended variants (left out by default)
+# Without a -m of its own, the run leaves out the `extended` group (pyproject.toml's markers).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -13,7 +15,11 @@ echo "[tests] ruff check"
 "$venv/bin/ruff" format --check hvdtrack tests
 echo "[tests] pytest"
 set +e
-"$venv/bin/python" -m pytest -p no:cacheprovider "$@"
+select=(-m "not extended")
+for arg in "$@"; do
+    case "$arg" in -m | -m*) select=() ;; esac
+done
+"$venv/bin/python" -m pytest -p no:cacheprovider "${select[@]}" "$@"
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then

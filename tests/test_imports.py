@@ -185,6 +185,7 @@ def test_a_command_applies_its_settings_when_it_starts_and_explicit_values_win()
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_every_module_imports_first_in_a_fresh_interpreter():
     def first_import(name: str) -> tuple[str, str]:
         result = subprocess.run(

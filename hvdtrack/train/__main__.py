@@ -110,7 +110,11 @@ def _peer_failure(err: Exception, config):
         or isinstance(err, (tf.errors.DeadlineExceededError, tf.errors.UnavailableError))
     ):
         return None
-    task = re.search(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)", text)
+    # The task a heartbeat timeout is about is named just before it; the text may name this
+    # worker's own task first.
+    task = re.search(
+        r"/job:(\w+)/(?:replica:\d+/)?task:(\d+) heartbeat timeout", text
+    ) or re.search(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)", text)
     peer = f"{task.group(1)} {task.group(2)}" if task else "another worker"
     if "heartbeat timeout" in text:
         what = (

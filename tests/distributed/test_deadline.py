@@ -11,6 +11,7 @@ import pytest
 from tests.launch import start_job, tiny_training, wait_for_file
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+extended = pytest.mark.extended
 DEADLINE = 10
 # Past the deadline: the launcher's teardown (mpirun waits a few seconds before SIGKILL) and a
 # loaded machine. Without a deadline a stopped rank holds MPI jobs for ever.
@@ -41,8 +42,16 @@ NAMED = (
 )
 
 
-@pytest.mark.parametrize("fault", sorted(FAULTS))
-@pytest.mark.parametrize("launcher", ["gloo", "mpi", "mpirun", "multiworker"])
+# The default run covers each launcher once and each fault twice; the rest are extended.
+DEFAULT_CASES = {("gloo", "kill"), ("mpirun", "kill"), ("mpi", "stop"), ("multiworker", "stop")}
+CASES = [
+    pytest.param(launcher, fault, marks=() if (launcher, fault) in DEFAULT_CASES else extended)
+    for launcher in ("gloo", "mpi", "mpirun", "multiworker")
+    for fault in sorted(FAULTS)
+]
+
+
+@pytest.mark.parametrize("launcher,fault", CASES)
 def test_a_lost_rank_ends_the_job_within_the_deadline(launcher, fault, tiny_dataset, tmp_path):
     run_dir = tmp_path / "run"
     job = start_job(launcher, 2, train_args(tiny_dataset, run_dir, launcher), tmp_path / "logs")

@@ -112,6 +112,7 @@ def lose_and_regain(command, env, run_dir, lose, regain) -> tuple[str, dict]:
     return output, info
 
 
+@pytest.mark.extended
 def test_a_worker_removed_then_added_by_discovery_the_run_goes_on_and_finishes(
     tiny_dataset, tmp_path
 ):

@@ -126,6 +126,13 @@ def test_kill_9_of_a_rank_mid_epoch_then_the_rerun_resumes_exactly(
     assert took < DEADLINE + 50
 
 
-@pytest.mark.parametrize("moment", ["after-step-checkpoint", "after-run-json", "random"])
+@pytest.mark.parametrize(
+    "moment",
+    [
+        pytest.param("after-step-checkpoint", marks=pytest.mark.extended),
+        pytest.param("after-run-json", marks=pytest.mark.extended),
+        "random",
+    ],
+)
 def test_kill_9_of_the_chief_leaves_a_consistent_run(moment, tiny_dataset, tmp_path, straight):
     kill_and_resume(0, moment, tiny_dataset, tmp_path, straight, seed=11)

@@ -93,6 +93,7 @@ def test_a_rank_that_fails_ends_every_rank_naming_it(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
+@pytest.mark.extended
 def test_a_stopped_rank_is_named_when_its_deadline_passes_and_the_job_ends(tmp_path):
     target = tmp_path / "data"
     command = launch_command(

@@ -103,7 +103,7 @@ def test_hosts_reach_only_each_other(hosts):  # noqa: F811
     assert out.returncode != 0 and "Network is unreachable" in out.stderr, out.stderr
 
 
-@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+@pytest.mark.parametrize("controller", ["gloo", pytest.param("mpi", marks=pytest.mark.extended)])
 def test_horovodrun_trains_tiny_across_two_hosts(controller, hosts, tiny_dataset, tmp_path):  # noqa: F811
     started = time.monotonic()
     job = run(hosts.horovodrun_command(train_args(tmp_path, tiny_dataset), controller), hosts.env())
@@ -113,6 +113,7 @@ def test_horovodrun_trains_tiny_across_two_hosts(controller, hosts, tiny_dataset
     assert_trained(tmp_path)
 
 
+@pytest.mark.extended
 def test_mpirun_trains_tiny_across_two_hosts(hosts, tiny_dataset, tmp_path):  # noqa: F811
     started = time.monotonic()
     job = run(hosts.mpirun_command(train_args(tmp_path, tiny_dataset)), hosts.env())

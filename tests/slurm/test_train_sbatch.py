@@ -155,6 +155,7 @@ def test_kill_9_of_one_rank_ends_the_job_within_seconds(slurm, tiny_dataset, tmp
     assert "task 1: Killed" in output, output
 
 
+@pytest.mark.extended
 def test_scancel_checkpoints_and_ends_the_job_without_requeue(slurm, tiny_dataset, tmp_path):
     run_dir, out = tmp_path / "run", tmp_path / "job.out"
     job = submit(slurm, out, *train_args(tiny_dataset, run_dir, epochs=200))
