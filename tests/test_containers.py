@@ -446,7 +446,10 @@ def test_sbatch_script_is_shellcheck_clean(script):
 @pytest.mark.parametrize(
     ("script", "required"),
     [
-        ("train.sbatch", {"nodes", "ntasks-per-node", "cpus-per-task", "time", "signal", "requeue"}),
+        (
+            "train.sbatch",
+            {"nodes", "ntasks-per-node", "cpus-per-task", "time", "signal", "requeue"},
+        ),
         ("prepare.sbatch", {"nodes", "ntasks", "cpus-per-task", "time"}),
     ],
 )
