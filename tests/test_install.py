@@ -24,7 +24,7 @@ def test_missing_python(tmp_path):
     result = install(tmp_path, PYTHON=str(tmp_path / "no-python3"))
     assert result.returncode == 1
     assert f"no '{tmp_path / 'no-python3'}' on PATH" in result.stderr
-    assert "what to do: install Python 3.9-3.12" in result.stderr
+    assert "what to do: install Python 3.11" in result.stderr
 
 
 def test_wrong_python_version(tmp_path):
@@ -33,7 +33,7 @@ def test_wrong_python_version(tmp_path):
     fake.chmod(0o755)
     result = install(tmp_path, PYTHON=str(fake))
     assert result.returncode == 1
-    assert "Python 3.8 found" in result.stderr and "need Python 3.9-3.12" in result.stderr
+    assert "Python 3.8 found" in result.stderr and "supports Python 3.11" in result.stderr
     assert not (tmp_path / "venv").exists()
 
 

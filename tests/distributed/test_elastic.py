@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from hvdtrack.train.inference import evaluate_split
-from tests.hosts import hosts  # noqa: F401 (the session fixture)
 from tests.launch import BIN, REPO, tiny_training, worker_env
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -136,7 +135,7 @@ def test_a_worker_removed_then_added_by_discovery_the_run_goes_on_and_finishes(
 
 @pytest.mark.hosts
 def test_a_host_lost_mid_epoch_then_back_the_run_goes_on_and_finishes(
-    hosts,  # noqa: F811
+    hosts,
     tiny_dataset,
     tmp_path,
 ):

@@ -17,7 +17,6 @@ import time
 
 import pytest
 
-from tests.hosts import hosts  # noqa: F401 (the session fixture)
 from tests.launch import REPO, check
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.hosts]
@@ -49,7 +48,7 @@ def where(out) -> dict[int, dict]:
     return {row["rank"]: row for row in rows}
 
 
-def assert_ran_on_both_hosts(hosts, out):  # noqa: F811
+def assert_ran_on_both_hosts(hosts, out):
     ranks = where(out)
     assert sorted(ranks) == [0, 1], ranks
     for rank, name in enumerate(hosts.names[:2]):
@@ -78,7 +77,7 @@ def run(command, env, timeout=300) -> subprocess.CompletedProcess:
     )
 
 
-def test_hosts_reach_only_each_other(hosts):  # noqa: F811
+def test_hosts_reach_only_each_other(hosts):
     for name in hosts.names:
         ns = hosts.namespace(name)
         routes = subprocess.run(["ip", "-n", ns, "-4", "route"], capture_output=True, text=True)
@@ -104,7 +103,7 @@ def test_hosts_reach_only_each_other(hosts):  # noqa: F811
 
 
 @pytest.mark.parametrize("controller", ["gloo", pytest.param("mpi", marks=pytest.mark.extended)])
-def test_horovodrun_trains_tiny_across_two_hosts(controller, hosts, tiny_dataset, tmp_path):  # noqa: F811
+def test_horovodrun_trains_tiny_across_two_hosts(controller, hosts, tiny_dataset, tmp_path):
     started = time.monotonic()
     job = run(hosts.horovodrun_command(train_args(tmp_path, tiny_dataset), controller), hosts.env())
     check(job)
@@ -114,7 +113,7 @@ def test_horovodrun_trains_tiny_across_two_hosts(controller, hosts, tiny_dataset
 
 
 @pytest.mark.extended
-def test_mpirun_trains_tiny_across_two_hosts(hosts, tiny_dataset, tmp_path):  # noqa: F811
+def test_mpirun_trains_tiny_across_two_hosts(hosts, tiny_dataset, tmp_path):
     started = time.monotonic()
     job = run(hosts.mpirun_command(train_args(tmp_path, tiny_dataset)), hosts.env())
     check(job)
@@ -123,7 +122,7 @@ def test_mpirun_trains_tiny_across_two_hosts(hosts, tiny_dataset, tmp_path):  # 
     assert_trained(tmp_path)
 
 
-def test_a_host_that_disappears_ends_the_job(hosts, tiny_dataset, tmp_path):  # noqa: F811
+def test_a_host_that_disappears_ends_the_job(hosts, tiny_dataset, tmp_path):
     args = train_args(
         tmp_path, tiny_dataset, "train.epochs=500", f"distributed.deadline_s={DEADLINE}"
     )
