@@ -1,55 +1,52 @@
-"""Benchmark of one segment-classifier training step: graphs/s, edges/s and FLOP/s vs. matmul.
+"""Benchmark of the training step that ``hvdtrack train`` runs: time, share of the matmul rate, memory.
 
-    python -m hvdtrack.bench.model                  # 1k, 5k, 10k nodes with 8x edges, 1 thread
-    python -m hvdtrack.bench.model --nodes 10000 --edges 40000 --modes sparse sparse-xla dense
+    python -m hvdtrack.bench model --nodes 5000 10000 --edges 40000 80000 --threads 1
+    python -m hvdtrack.bench model --nodes 5000 --edges 40000 --breakdown
+    python -m hvdtrack.bench model --memory --nodes 1250 5000 20000 80000 --edges 10000 40000 160000 640000
+    python -m hvdtrack.bench model --memory-budget 4GiB --set model.recompute=true
 
-For each synthetic graph size (random features, random senders / receivers, one graph per step)
-it times a compiled training step (forward, weighted BCE, tape.gradient, snt.optimizers.Adam)
-after warm-up, and prints the median, min and max over ``--repeats`` runs of the wall time, and
-the median CPU time of this process (on shared cores the wall time also counts the time other
-processes hold the core; with one thread the CPU time does not). Modes:
+The step is the ``Trainer``'s (``hvdtrack.train.trainer``): the configuration ``--config``
+(default: the packaged default) with local workers and ``--set`` overrides (``model.KEY=VALUE``,
+``train.KEY=VALUE``; a bare ``KEY=VALUE`` is a model key), the same model, optimizer, gradient
+exchange and compiled parts (local, exchange, apply), run by ``Trainer.step`` on one synthetic graph
+per step (random features and endpoints). TensorFlow's intra-op threads are ``--threads``
+(``distributed.threads_per_worker``; 0: every core this process may use).
 
-- ``sparse``: ``SegmentClassifier`` (graph_nets blocks) in a ``tf.function`` whose input
-  signature has dynamic node and edge counts (``utils_tf.specs_from_graphs_tuple``), as in
-  training;
-- ``sparse-factorized``: the same with ``factorized_edge_update=True`` (same model and weights,
-  fewer FLOPs: see ``hvdtrack.model.classifier.FactorizedEdgeUpdate``);
-- ``sparse-xla``: ``sparse`` with ``jit_compile=True``; XLA needs static shapes (segment sums
-  take the node count as a compile-time constant), so it is traced for the exact size;
-- ``dense``: ``DenseSegmentClassifier`` (incidence matrices Ri, Ro of N x E floats each); run only
-  when both fit in ``--dense-max-gb`` and the step, estimated from its FLOPs at the matmul rate,
-  takes under ``--dense-max-seconds``; otherwise the reason is printed.
+For each size it prints the median wall time of ``--repeats`` steps after ``--warmup`` (with min,
+max and the process's CPU time: on shared cores wall time also counts other processes), the
+step's matmul FLOPs (``hvdtrack.model.cost``: 2*m*k*n per product, forward and both backward
+products), and the step's share of the matmul rate: the rate at which this machine runs the
+step's own matmul shapes alone (each [m, k] @ [k, n] and its two gradient products, compiled,
+timed in the same run just before the step). ``--breakdown`` groups the step's op time from the
+TensorFlow profiler into matmul, gather, segment sum, layer norm, optimizer and other.
 
-FLOPs are counted analytically for the matmuls each mode runs (``hvdtrack.model.cost``: 2*m*k*n
-per forward product, x3 for forward + backward, x2 where no input gradient is needed; gathers,
-segment sums, element-wise ops and the optimizer are not counted; the dense mode adds its
-incidence products). The practical ceiling is a compiled ``tf.linalg.matmul`` of two
-``--matmul-size`` square float32 matrices on the same threads, measured in the same run before
-each graph size; FLOP/s are given as a share of it both by wall time and by CPU time.
-``--breakdown`` times the step's matmuls alone (same shapes, forward and both backward products),
-splitting the step into matmul time and everything else; ``--profile`` prints the time per op
-type of one step from the TensorFlow profiler. ``--bfc-allocator`` switches TensorFlow's CPU
-allocator to its caching one (no page faults on big tensors). ``--json PATH`` keeps every timing
-as data.
+``--memory`` measures each size in a fresh process (the allocator keeps what it once held): the
+growth of the resident set over the first step and TensorFlow's allocator peak over a later one.
+``--memory-budget`` bisects the edge count (nodes = edges / 8) for the largest graph whose step
+keeps the process's peak resident set within the budget. ``--json PATH`` keeps every figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
+import json
 import statistics
+import subprocess
 import sys
 import time
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from hvdtrack import configtools
-from hvdtrack.errors import HvdtrackError
+from hvdtrack.entry import TRAINING, start
+from hvdtrack.errors import ConfigError, HvdtrackError
 
-NUM_NODE_FEATURES = 3  # [r, phi, z] as in the studies
+NUM_NODE_FEATURES = 3  # the record schema's [r, phi, z]
 NUM_EDGE_FEATURES = 4  # [dr, dphi, dz, deta]
-MODES = ("sparse", "sparse-factorized", "sparse-xla", "dense")
+EDGES_PER_NODE = 8  # of the bisection's graphs
+CATEGORIES = ("matmul", "gather", "segment sum", "layer norm", "optimizer", "other")
 
 
 @dataclasses.dataclass
@@ -58,26 +55,26 @@ class Timing:
 
     seconds: list[float]
     cpu_seconds: list[float]
+    median: float = dataclasses.field(init=False)
+    cpu_median: float = dataclasses.field(init=False)
 
-    @property
-    def median(self) -> float:
-        return statistics.median(self.seconds)
-
-    @property
-    def cpu_median(self) -> float:
-        return statistics.median(self.cpu_seconds)
+    def __post_init__(self) -> None:
+        self.median = statistics.median(self.seconds)
+        self.cpu_median = statistics.median(self.cpu_seconds)
 
     def describe(self) -> str:
-        return (
-            f"{self.median * 1e3:.1f} ms (min {min(self.seconds) * 1e3:.1f}, max "
-            f"{max(self.seconds) * 1e3:.1f}; CPU {self.cpu_median * 1e3:.1f} ms)"
-        )
+        ms = [1e3 * x for x in (self.median, min(self.seconds), max(self.seconds))]
+        return f"{ms[0]:.1f} ms (min {ms[1]:.1f}, max {ms[2]:.1f}; CPU {1e3 * self.cpu_median:.1f})"
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs the benchmark; returns the process exit code."""
     args = _parse_args(argv)
+    # Training's process settings (its allocator), before TensorFlow starts; explicit values win.
+    start(TRAINING)
     try:
+        if args.probe:
+            return _probe(args)
         return _run(args)
     except HvdtrackError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -86,76 +83,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m hvdtrack.bench.model", description=__doc__.splitlines()[0]
+        prog="python -m hvdtrack.bench model", description=__doc__.splitlines()[0]
     )
     add = parser.add_argument
+    add("--config", default=None, help="run configuration (default: the packaged default)")
+    add("--nodes", type=int, nargs="+", default=[5000, 10000], help="node counts (5000 10000)")
+    add("--edges", type=int, nargs="+", default=None, help="edge counts, one per size or one")
+    add("--threads", type=int, default=1, help="intra-op threads, 0 = all cores (default: 1)")
+    add("--repeats", type=int, default=5, help="timed steps per size (default: 5)")
+    add("--warmup", type=int, default=2, help="untimed steps first, >= 1 (default: 2)")
+    add("--breakdown", action="store_true", help="op time by class, from the TF profiler")
+    add("--memory", action="store_true", help="peak memory of a step, a fresh process per size")
     add(
-        "--nodes",
-        type=int,
-        nargs="+",
-        default=[1000, 5000, 10000],
-        help="node counts of the synthetic graphs (default: 1000 5000 10000)",
-    )
-    add(
-        "--edges",
-        type=int,
-        nargs="+",
+        "--memory-budget",
         default=None,
-        help="edge counts, one per --nodes value or one for all (default: 8 x nodes)",
-    )
-    add(
-        "--threads",
-        type=int,
-        default=1,
-        help="TensorFlow intra-op threads (0 = TensorFlow's default)",
-    )
-    add(
-        "--inter-threads",
-        type=int,
-        default=None,
-        help="TensorFlow inter-op threads (default: same as --threads)",
-    )
-    add(
-        "--modes",
-        nargs="+",
-        choices=MODES,
-        default=["sparse", "sparse-factorized", "dense"],
-        help="what to time (default: sparse sparse-factorized dense)",
-    )
-    add("--repeats", type=int, default=5, help="timed runs per measurement (default: 5)")
-    add("--warmup", type=int, default=2, help="untimed runs first, >= 1 (default: 2)")
-    add(
-        "--matmul-size",
-        type=int,
-        default=2048,
-        help="side of the square matmul giving the FLOP/s ceiling (default: 2048)",
-    )
-    add(
-        "--breakdown",
-        action="store_true",
-        help="also time the step's matmuls alone (sparse and sparse-factorized modes)",
-    )
-    add(
-        "--profile",
-        action="store_true",
-        help="print the time per op type of one step (sparse and sparse-factorized modes)",
-    )
-    add(
-        "--dense-max-gb",
-        type=float,
-        default=2.0,
-        help="skip the dense baseline when Ri + Ro exceed this many GB (default: 2)",
-    )
-    add(
-        "--dense-max-seconds",
-        type=float,
-        default=30.0,
-        help="skip the dense baseline when one step is estimated to take longer (default: 30)",
-    )
-    add(
-        "--bfc-allocator",
-        action="store_true",
-        help="use TensorFlow's caching BFC CPU allocator (sets TF_CPU_ALLOCATOR_USE_BFC=true)",
+        metavar="SIZE",
+        help="find the largest graph whose step fits in SIZE (e.g. 4GiB, 512MiB)",
     )
     add(
         "--set",
@@ -163,13 +106,14 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="model config override, e.g. --set num_message_passing_steps=4 (repeatable)",
+        help="config override, e.g. --set model.layer_norm=false (repeatable)",
     )
     add("--seed", type=int, default=0)
-    add("--json", default=None, help="write all timings to this JSON file")
+    add("--json", default=None, help="write all figures to this JSON file")
+    add("--probe", action="store_true", help=argparse.SUPPRESS)  # one memory measurement
     args = parser.parse_args(argv)
     if args.edges is None:
-        args.edges = [8 * n for n in args.nodes]
+        args.edges = [EDGES_PER_NODE * n for n in args.nodes]
     elif len(args.edges) == 1:
         args.edges = args.edges * len(args.nodes)
     if len(args.edges) != len(args.nodes):
@@ -177,172 +121,107 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     if min(args.nodes) < 1 or min(args.edges) < 1:
         parser.error("--nodes and --edges must be >= 1")
     if args.repeats < 1 or args.warmup < 1:
-        parser.error("--repeats and --warmup must be >= 1 (the first run traces and compiles)")
+        parser.error("--repeats and --warmup must be >= 1 (the first step traces and compiles)")
+    if args.threads < 0:
+        parser.error("--threads must be >= 0")
+    if args.memory_budget is not None:
+        try:
+            args.memory_budget = parse_bytes(args.memory_budget)
+        except ValueError as err:
+            parser.error(f"--memory-budget: {err}")
     return args
 
 
-def _run(args: argparse.Namespace) -> int:
-    allocator = _configure_allocator(args.bfc_allocator)
-    threads = _configure_threads(args.threads, args.inter_threads)
-    # Imported after the thread settings: they must be fixed before TensorFlow starts its pools.
-    from hvdtrack.model import ModelConfig
-    from hvdtrack.model.cost import num_parameters
+def parse_bytes(text: str) -> int:
+    """``"4GiB"`` -> 4294967296; units B, KiB, MiB, GiB, TiB (powers of 1024) and kB, MB, GB, TB."""
+    units = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+    units.update({"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12})
+    number = text.strip().rstrip("BbIiKkMmGgTt")
+    unit = text.strip()[len(number) :].lower()
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size like 4GiB or 512MiB") from None
+    if unit not in units or value <= 0:
+        raise ValueError(f"{text!r} is not a size like 4GiB or 512MiB")
+    return int(value * units[unit])
 
-    mapping = configtools.apply_overrides({}, args.overrides)
-    config = configtools.from_mapping(ModelConfig, mapping, where="model", source="--set")
+
+def _config(args: argparse.Namespace):
+    from hvdtrack.config import load_config, resolve_config_path
+
+    overrides = [s if "." in s.partition("=")[0] else f"model.{s}" for s in args.overrides]
+    threads = "null" if args.threads == 0 else str(args.threads)
+    forced = ["distributed.strategy=local", f"distributed.threads_per_worker={threads}"]
+    return load_config(resolve_config_path(args.config), overrides + forced)
+
+
+def _trainer(args: argparse.Namespace):
+    """The configured Trainer (its Workers set TensorFlow's threads before any op runs)."""
+    config = _config(args)
+    from hvdtrack.train.trainer import Trainer
+
+    trainer = Trainer(config, dataset=False)
+    trainer.compile()
+    return trainer
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.memory_budget is not None:
+        return _largest_graph(args)
+    if args.memory:
+        return _memory_table(args)
+    trainer = _trainer(args)
+    from hvdtrack.model.cost import num_parameters, train_step_flops
+
+    config = trainer.config.model
     num_params = num_parameters(config, NUM_NODE_FEATURES, NUM_EDGE_FEATURES)
     print(f"model: {config}")
-    print(f"parameters: {num_params:,} ({4 * num_params / 1e6:.2f} MB of float32 gradients)")
-    print(f"CPU allocator: {allocator}")
-    print(
-        f"threads: intra-op {threads[0]}, inter-op {threads[1]}; load average before: "
-        f"{_load_average()} (other processes may share the cores)"
-    )
-    records: list[dict] = []
-    matmul = _matmul_fn(args.matmul_size, args.seed)
+    print(f"parameters: {num_params:,}; threads: {trainer.workers.threads}; {_load()}")
+    records = []
     for num_nodes, num_edges in zip(args.nodes, args.edges):
-        print(f"\n--- {num_nodes} nodes, {num_edges} edges ---")
-        # The ceiling is measured again for every size, so that the ratios compare figures
-        # taken under the same load.
-        timing = _time(matmul, args.warmup, args.repeats)
-        ceiling = _Ceiling(2 * args.matmul_size**3, timing)
-        print(
-            f"ceiling, matmul {args.matmul_size}^2 float32: {timing.describe()}: "
-            f"{ceiling.flops / timing.median / 1e9:.1f} GFLOP/s "
-            f"(per CPU second {ceiling.flops / timing.cpu_median / 1e9:.1f})"
-        )
-        records.append(
-            dict(
-                kind="matmul",
-                size=args.matmul_size,
-                nodes=num_nodes,
-                flops=ceiling.flops,
-                threads=threads,
-                **dataclasses.asdict(timing),
-            )
-        )
         graphs, labels = synthetic_graph(num_nodes, num_edges, args.seed)
-        medians = {}
-        for mode in args.modes:
-            median = _bench_mode(args, config, mode, graphs, labels, ceiling, records)
-            if median is not None:
-                medians[mode] = median
-        for mode, median in medians.items():
-            if mode != "sparse" and "sparse" in medians:
-                print(f"{mode} takes {median / medians['sparse']:.2f}x the time of sparse")
-    print(f"\nload average after: {_load_average()}")
-    if args.json:
-        from hvdtrack.utils.io import write_json
-
-        write_json(args.json, dict(config=configtools.to_mapping(config), records=records))
-        print(f"timings written to {args.json}")
+        step = _step_fn(trainer, graphs, labels)
+        flops = train_step_flops(config, num_nodes, num_edges, NUM_NODE_FEATURES, NUM_EDGE_FEATURES)
+        matmuls = _time(model_matmuls_fn(config, num_nodes, num_edges), args.warmup, args.repeats)
+        timing = _time(step, args.warmup, args.repeats)
+        rate = flops / matmuls.median
+        print(f"\n--- {num_nodes} nodes, {num_edges} edges: {flops / 1e9:.2f} GFLOP of matmuls ---")
+        print(f"matmul rate: {rate / 1e9:.1f} GFLOP/s (its matmuls alone: {matmuls.describe()})")
+        print(
+            f"step: {timing.describe()}: {flops / timing.median / 1e9:.1f} GFLOP/s = "
+            f"{100 * matmuls.median / timing.median:.0f}% of the matmul rate (by CPU time: "
+            f"{100 * matmuls.cpu_median / timing.cpu_median:.0f}%)"
+        )
+        record = dict(nodes=num_nodes, edges=num_edges, flops=flops)
+        record.update(step=dataclasses.asdict(timing), matmuls=dataclasses.asdict(matmuls))
+        if args.breakdown:
+            seconds = breakdown(profile_ops(step), trainer.optimizer.name)
+            total = sum(seconds.values())
+            print(f"op time of one step: {total * 1e3:.1f} ms")
+            for name in CATEGORIES:
+                print(
+                    f"  {name:<12} {seconds[name] * 1e3:8.1f} ms {100 * seconds[name] / total:5.1f}%"
+                )
+            record["breakdown"] = seconds
+        records.append(record)
+    print(f"\n{_load()}")
+    _write_json(args, trainer.config, records)
     return 0
 
 
-@dataclasses.dataclass
-class _Ceiling:
-    flops: int
-    timing: Timing
+def _write_json(args, config, records) -> None:
+    if args.json:
+        from hvdtrack import configtools
+        from hvdtrack.utils.io import write_json
 
-    def percent(self, flops: float, timing: Timing) -> str:
-        """``flops`` done in ``timing`` as GFLOP/s and as a share of the ceiling."""
-        wall = flops / timing.median / (self.flops / self.timing.median)
-        cpu = flops / timing.cpu_median / (self.flops / self.timing.cpu_median)
-        return (
-            f"{flops / timing.median / 1e9:.1f} GFLOP/s = {100 * wall:.0f}% of matmul "
-            f"(per CPU second: {100 * cpu:.0f}%)"
-        )
+        write_json(args.json, dict(config=configtools.to_mapping(config), records=records))
+        print(f"figures written to {args.json}")
 
 
-def _bench_mode(args, config, mode, graphs, labels, ceiling, records) -> Optional[float]:
-    """Times one mode on one graph; prints and records the figures; returns the median."""
-    from hvdtrack.model.cost import dense_incidence_flops, train_step_flops
-
-    num_nodes, num_edges = int(graphs.n_node[0]), int(graphs.n_edge[0])
-    size = dict(mode=mode, nodes=num_nodes, edges=num_edges)
-    mode_config = _mode_config(config, mode)
-    flops = train_step_flops(
-        mode_config, num_nodes, num_edges, NUM_NODE_FEATURES, NUM_EDGE_FEATURES
-    )
-    if mode == "dense":
-        flops += dense_incidence_flops(config, num_nodes, num_edges)
-        estimate = flops / ceiling.flops * ceiling.timing.cpu_median / max(1, args.threads)
-        reason = _dense_skip_reason(
-            num_nodes, num_edges, flops, estimate, args.dense_max_gb, args.dense_max_seconds
-        )
-        if reason:
-            print(f"{mode}: skipped, {reason}")
-            records.append(dict(kind="step", skipped=reason, **size))
-            return None
-    step = training_step_fn(mode_config, graphs, labels, mode)
-    timing = _time(step, args.warmup, args.repeats)
-    print(
-        f"{mode}: {timing.describe()} per step; {1 / timing.median:.3f} graphs/s, "
-        f"{num_edges / timing.median / 1e3:.1f}k edges/s; {flops / 1e9:.1f} GFLOP of "
-        f"matmuls: {ceiling.percent(flops, timing)}"
-    )
-    records.append(dict(kind="step", flops=flops, **size, **dataclasses.asdict(timing)))
-    if args.breakdown and mode in ("sparse", "sparse-factorized"):
-        matmuls = model_matmuls_fn(mode_config, num_nodes, num_edges, args.seed)
-        only = _time(matmuls, args.warmup, args.repeats)
-        rest = 1 - only.cpu_median / timing.cpu_median
-        print(
-            f"  its matmuls alone: {only.describe()}: {ceiling.percent(flops, only)}; the rest "
-            f"(gathers, segment sums, concat/slice, element-wise, Adam) {100 * rest:.0f}% of "
-            f"the step's CPU time"
-        )
-        records.append(dict(kind="matmuls_only", flops=flops, **size, **dataclasses.asdict(only)))
-    if args.profile and mode in ("sparse", "sparse-factorized"):
-        by_op = profile_op_types(step)
-        total = sum(by_op.values())
-        if by_op:
-            print(f"  profile of one step: {total * 1e3:.1f} ms in TensorFlow ops")
-        for op, seconds in sorted(by_op.items(), key=lambda kv: -kv[1])[:10]:
-            print(f"    {op:<22} {seconds * 1e3:9.1f} ms {100 * seconds / total:5.1f}%")
-        records.append(dict(kind="profile", seconds_by_op=by_op, **size))
-    return timing.median
-
-
-def _mode_config(config, mode: str):
-    if mode == "sparse-factorized":
-        return dataclasses.replace(config, factorized_edge_update=True)
-    return config
-
-
-def _configure_allocator(use_bfc: bool) -> str:
-    """Switches TensorFlow's CPU allocator to its caching BFC allocator if asked.
-
-    The default CPU allocator returns large buffers to the system, so every step faults in (and
-    the kernel zeroes) fresh pages for its [E, width] tensors: about a third of the step's CPU
-    time at 80k edges goes to the kernel. ``TF_CPU_ALLOCATOR_USE_BFC`` is read when TensorFlow
-    starts, so it only takes effect if TensorFlow is not imported yet.
-    """
-    import os
-
-    if use_bfc:
-        if "tensorflow" in sys.modules:
-            print("note: TensorFlow is already imported; --bfc-allocator has no effect")
-        else:
-            os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
-    if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in ("1", "true"):
-        return "BFC (TF_CPU_ALLOCATOR_USE_BFC=true)"
-    return "TensorFlow default"
-
-
-def _configure_threads(threads: int, inter: Optional[int]) -> tuple[int, int]:
-    import tensorflow as tf
-
-    inter = threads if inter is None else inter
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(inter)
-    except RuntimeError:
-        # TensorFlow already started (e.g. main() called from a test): keep what is set.
-        print("note: TensorFlow was already initialised; thread settings left unchanged")
-    return (
-        tf.config.threading.get_intra_op_parallelism_threads(),
-        tf.config.threading.get_inter_op_parallelism_threads(),
-    )
+def _step_fn(trainer, graphs, labels) -> Callable[[], object]:
+    batches = itertools.repeat([(graphs, labels)])
+    return lambda: trainer.step(batches)
 
 
 def synthetic_graph(num_nodes: int, num_edges: int, seed: int = 0):
@@ -368,51 +247,12 @@ def synthetic_graph(num_nodes: int, num_edges: int, seed: int = 0):
     return graphs, tf.constant((edges[:, 0] > 0).astype(np.float32))
 
 
-def training_step_fn(config, graphs, labels, mode: str) -> Callable[[], object]:
-    """Returns a no-argument callable running one compiled training step on (graphs, labels).
-
-    Model and optimizer variables are created eagerly first (one forward, one zero update), so
-    the compiled step only reads and updates them.
-    """
-    import sonnet as snt
-    import tensorflow as tf
-    from graph_nets import utils_tf
-
-    from hvdtrack.model import DenseSegmentClassifier, SegmentClassifier, weighted_bce
-
-    model = DenseSegmentClassifier(config) if mode == "dense" else SegmentClassifier(config)
-    optimizer = snt.optimizers.Adam(learning_rate=1e-3)
-    model(graphs)
-    optimizer.apply(
-        [tf.zeros_like(v) for v in model.trainable_variables], model.trainable_variables
-    )
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
-    dynamic = mode != "sparse-xla"
-    signature = [
-        utils_tf.specs_from_graphs_tuple(
-            graphs, dynamic_num_nodes=dynamic, dynamic_num_edges=dynamic
-        ),
-        tf.TensorSpec([None] if dynamic else labels.shape, tf.float32),
-    ]
-
-    @tf.function(input_signature=signature, jit_compile=mode == "sparse-xla")
-    def step(graphs, labels):
-        with tf.GradientTape() as tape:
-            loss = weighted_bce(model(graphs), labels)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply(grads, model.trainable_variables)
-        return loss
-
-    return lambda: step(graphs, labels).numpy()
-
-
 def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0):
     """A compiled function doing exactly the step's counted matmuls, nothing else.
 
-    For each matmul of the step (``cost.step_matmuls``), per call: y = x @ w, dx = dy @ w^T (skipped
-    for the encoders' first layers) and dw = x^T @ dy, on random float32 data of the step's
-    shapes. Its time is the floor that the model's matmul shapes allow.
+    For each matmul of the step (``cost.step_matmuls``), per call: y = x @ w, dx = dy @ w^T
+    (skipped for the encoders' first layers) and dw = x^T @ dy, on random data of the step's
+    shapes and compute dtype. Its time is the floor that the model's matmul shapes allow here.
     """
     import tensorflow as tf
 
@@ -420,35 +260,38 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0):
 
     rows = {"nodes": num_nodes, "edges": num_edges}
     rng = np.random.default_rng(seed)
+    dtype = tf.float32
+
+    def constant(shape):
+        return tf.cast(rng.standard_normal(shape, dtype=np.float32), dtype)
+
     operands = []
     for layer in step_matmuls(config, NUM_NODE_FEATURES, NUM_EDGE_FEATURES):
         m = rows[layer.rows]
-        x = tf.constant(rng.standard_normal((m, layer.fan_in), dtype=np.float32))
-        w = tf.constant(rng.standard_normal((layer.fan_in, layer.fan_out), dtype=np.float32))
-        dy = tf.constant(rng.standard_normal((m, layer.fan_out), dtype=np.float32))
+        x, dy = constant((m, layer.fan_in)), constant((m, layer.fan_out))
+        w = constant((layer.fan_in, layer.fan_out))
         operands.append((x, w, dy, layer.calls, layer.input_grad))
 
     @tf.function
     def matmuls():
-        total = tf.constant(0.0)
+        total = tf.constant(0.0, dtype)
         for x, w, dy, calls, input_grad in operands:
-            # A graph loop (tf.range) runs the body ``calls`` times; a Python loop would repeat
-            # identical products, which grappler merges (common subexpression elimination).
-            # Each product is summed into ``total`` so that none can be pruned.
+            # A graph loop runs the body ``calls`` times (a Python loop would repeat identical
+            # products, which grappler merges); each product's first element keeps it alive.
             for _ in tf.range(calls):
-                total += tf.reduce_sum(x @ w) + tf.reduce_sum(tf.matmul(x, dy, transpose_a=True))
+                total += (x @ w)[0, 0] + tf.matmul(x, dy, transpose_a=True)[0, 0]
                 if input_grad:
-                    total += tf.reduce_sum(tf.matmul(dy, w, transpose_b=True))
+                    total += tf.matmul(dy, w, transpose_b=True)[0, 0]
         return total
 
     return lambda: matmuls().numpy()
 
 
-def profile_op_types(fn: Callable[[], object], warmup: int = 1) -> dict[str, float]:
-    """Seconds spent per TensorFlow op type in one call of ``fn`` (TensorFlow profiler).
+def profile_ops(fn: Callable[[], object]) -> list[tuple[str, float]]:
+    """(op name ``scope/name:Type``, seconds) of every op one call of ``fn`` ran (TF profiler).
 
-    MatMuls are split into forward and gradient (``gradient_tape/`` name scope) ones. Returns an
-    empty dict when the profiler's trace format cannot be read (it is not a public API).
+    Raises:
+      HvdtrackError: when the profiler's trace format cannot be read (not a public API).
     """
     import glob
     import tempfile
@@ -458,65 +301,179 @@ def profile_op_types(fn: Callable[[], object], warmup: int = 1) -> dict[str, flo
     try:
         from tensorflow.tsl.profiler.protobuf import xplane_pb2
     except ImportError:
-        print("note: the profiler trace format is not available; --profile skipped")
-        return {}
-    for _ in range(warmup):
-        fn()
+        raise HvdtrackError(
+            "this TensorFlow has no readable profiler trace; drop --breakdown"
+        ) from None
+    fn()
+    space = xplane_pb2.XSpace()
     with tempfile.TemporaryDirectory() as logdir:
         tf.profiler.experimental.start(logdir)
         try:
             fn()
         finally:
             tf.profiler.experimental.stop()
-        space = xplane_pb2.XSpace()
         for path in glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True):
             with open(path, "rb") as f:
                 space.ParseFromString(f.read())
-    by_op: dict[str, float] = {}
+    ops = []
     for plane in space.planes:
         for line in plane.lines:
             if not line.name.startswith("tf_Compute"):
                 continue
             for event in line.events:
                 name = plane.event_metadata[event.metadata_id].name
-                if ":" not in name or "::" in name:  # executor bookkeeping, not an op
-                    continue
-                op = name.rsplit(":", 1)[-1]
-                if op == "MatMul":
-                    op += " (gradient)" if name.startswith("gradient_tape/") else " (forward)"
-                by_op[op] = by_op.get(op, 0.0) + event.duration_ps * 1e-12
-    return by_op
+                if ":" in name and "::" not in name:  # executor bookkeeping has no op type
+                    ops.append((name, event.duration_ps * 1e-12))
+    return ops
 
 
-def _load_average() -> str:
-    import os
+def op_category(name: str, optimizer_scope: str) -> str:
+    """The class of op ``scope/name:Type`` in the breakdown (one of ``CATEGORIES``).
 
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    >>> op_category("gradient_tape/segment_classifier/edge_update/MatMul_1:MatMul", "adam")
+    'matmul'
+    """
+    scope, _, op_type = name.rpartition(":")
+    if "MatMul" in op_type:
+        return "matmul"
+    if scope.startswith(optimizer_scope + "/") or f"/{optimizer_scope}/" in scope:
+        return "optimizer"
+    if "layer_norm" in scope:
+        return "layer norm"
+    if "Gather" in op_type:
+        return "gather"
+    if "SegmentSum" in op_type:
+        return "segment sum"
+    return "other"
 
 
-def _matmul_fn(n: int, seed: int) -> Callable[[], object]:
+def breakdown(ops: list[tuple[str, float]], optimizer_scope: str) -> dict[str, float]:
+    """Seconds per op class (``CATEGORIES``) of a profiled step."""
+    seconds = dict.fromkeys(CATEGORIES, 0.0)
+    for name, duration in ops:
+        seconds[op_category(name, optimizer_scope)] += duration
+    return seconds
+
+
+# ----------------------------------------------------------------------------- memory
+def _probe(args: argparse.Namespace) -> int:
+    """One size in this fresh process: prints one JSON line of memory figures."""
     import tensorflow as tf
 
-    rng = np.random.default_rng(seed)
-    a = tf.constant(rng.standard_normal((n, n), dtype=np.float32))
-    b = tf.constant(rng.standard_normal((n, n), dtype=np.float32))
-    matmul = tf.function(lambda: tf.linalg.matmul(a, b))
-    return lambda: matmul().numpy()
+    from hvdtrack.utils import memory
+
+    trainer = _trainer(args)
+    graphs, labels = synthetic_graph(args.nodes[0], args.edges[0], args.seed)
+    step = _step_fn(trainer, graphs, labels)
+    before = memory.rss_bytes()
+    memory.reset_peak()
+    start = time.perf_counter()
+    step()
+    first_s = time.perf_counter() - start
+    first_peak = memory.peak_rss_bytes()
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    timing = _time(step, 0, args.repeats)
+    device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
+    print(
+        json.dumps(
+            dict(
+                nodes=args.nodes[0],
+                edges=args.edges[0],
+                rss_before=before,
+                rss_growth=first_peak - before,
+                peak_rss=max(first_peak, memory.peak_rss_bytes()),
+                allocator_peak=memory.device_peak_bytes(device),
+                first_step_s=first_s,
+                step_s=timing.median,
+            )
+        )
+    )
+    return 0
 
 
-def _dense_skip_reason(num_nodes, num_edges, flops, estimate, max_gb, max_seconds) -> str:
-    incidence_gb = 2 * num_nodes * num_edges * 4 / 1e9
-    if incidence_gb > max_gb:
-        return (
-            f"Ri + Ro need {incidence_gb:.1f} GB (> --dense-max-gb {max_gb:g}), "
-            "before activations"
+def measure_memory(args: argparse.Namespace, num_nodes: int, num_edges: int) -> Optional[dict]:
+    """Runs ``--probe`` for one size in a fresh process; None when it ran out of memory."""
+    command = [sys.executable, "-m", "hvdtrack.bench", "model", "--probe", "--repeats", "1"]
+    command += [
+        "--nodes",
+        str(num_nodes),
+        "--edges",
+        str(num_edges),
+        "--threads",
+        str(args.threads),
+    ]
+    command += ["--seed", str(args.seed)] + [f"--set={s}" for s in args.overrides]
+    if args.config:
+        command += ["--config", args.config]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        if done.returncode < 0 or "OOM" in done.stderr or "MemoryError" in done.stderr:
+            return None  # killed (the kernel's OOM killer) or out of memory
+        raise HvdtrackError(f"memory probe failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _mib(n: Optional[int]) -> str:
+    return "-" if n is None else f"{n / 2**20:.0f}"
+
+
+def _memory_table(args: argparse.Namespace) -> int:
+    config = _config(args).model
+    print(f"model: {config}\npeak memory of one training step, a fresh process per size")
+    print(f"{'nodes':>8} {'edges':>9} {'RSS growth MiB':>15} {'allocator peak MiB':>19} "
+          f"{'peak RSS MiB':>13} {'step s':>7}")  # fmt: skip
+    records = []
+    for num_nodes, num_edges in zip(args.nodes, args.edges):
+        r = measure_memory(args, num_nodes, num_edges)
+        if r is None:
+            print(f"{num_nodes:>8} {num_edges:>9}  out of memory")
+            continue
+        print(
+            f"{num_nodes:>8} {num_edges:>9} {_mib(r['rss_growth']):>15} "
+            f"{_mib(r['allocator_peak']):>19} {_mib(r['peak_rss']):>13} {r['step_s']:>7.2f}"
         )
-    if estimate > max_seconds:
-        return (
-            f"one step is {flops / 1e9:.0f} GFLOP, about {estimate:.0f} s at the matmul "
-            f"rate (> --dense-max-seconds {max_seconds:g})"
+        records.append(r)
+    _write_json(args, _config(args), records)
+    return 0
+
+
+def _largest_graph(args: argparse.Namespace) -> int:
+    """Bisects edges (nodes = edges / 8) for the largest step whose peak RSS fits the budget."""
+    budget = args.memory_budget
+    print(f"largest graph whose training step's peak RSS fits {budget / 2**30:.2f} GiB")
+
+    def fits(num_edges: int) -> Optional[dict]:
+        r = measure_memory(args, max(1, num_edges // EDGES_PER_NODE), num_edges)
+        ok = r is not None and r["peak_rss"] <= budget
+        peak = "out of memory" if r is None else f"peak RSS {_mib(r['peak_rss'])} MiB"
+        print(f"  {num_edges:>9} edges: {peak} -> {'fits' if ok else 'too big'}", flush=True)
+        return r if ok else None
+
+    low, high, best = 0, 10_000, None
+    while (r := fits(high)) is not None:  # double until a size does not fit
+        low, best, high = high, r, 2 * high
+    while high - low > max(1000, low // 50):  # then bisect to 2%
+        middle = (low + high) // 2
+        if (r := fits(middle)) is not None:
+            low, best = middle, r
+        else:
+            high = middle
+    if best is None:
+        raise ConfigError(
+            f"--memory-budget: not even 10000 edges fit in {args.memory_budget} bytes"
         )
-    return ""
+    print(
+        f"largest: {best['edges']} edges, {best['nodes']} nodes (peak RSS {_mib(best['peak_rss'])} "
+        f"MiB, step {best['step_s']:.2f} s); {high} edges do not fit"
+    )
+    _write_json(args, _config(args), [best])
+    return 0
+
+
+def _load() -> str:
+    import os
+
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def _time(fn: Callable[[], object], warmup: int, repeats: int) -> Timing:
@@ -532,4 +489,6 @@ def _time(fn: Callable[[], object], warmup: int, repeats: int) -> Timing:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from hvdtrack.entry import QUIET, run
+
+    sys.exit(run(main, settings=QUIET))

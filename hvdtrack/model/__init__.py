@@ -1,7 +1,6 @@
 """The segment classifier: a graph network scoring each hit-pair edge as a true track segment.
 
 Public symbols: ``ModelConfig``, ``SegmentClassifier`` (classifier.py, sparse graph_nets blocks),
-``DenseSegmentClassifier`` (dense.py, incidence-matrix baseline for benchmarks),
 ``weighted_bce_terms`` and ``weighted_bce`` (loss.py), ``num_parameters``, ``gradient_bytes``,
 ``num_trainable_parameters``, ``train_step_flops`` (cost.py).
 """
@@ -15,11 +14,9 @@ from hvdtrack.model.cost import (
     num_trainable_parameters,
     train_step_flops,
 )
-from hvdtrack.model.dense import DenseSegmentClassifier
 from hvdtrack.model.loss import weighted_bce, weighted_bce_terms
 
 __all__ = [
-    "DenseSegmentClassifier",
     "ModelConfig",
     "SegmentClassifier",
     "gradient_bytes",

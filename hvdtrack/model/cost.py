@@ -13,7 +13,7 @@ O(E * width^2)), so the count is a lower bound on the work done and "achieved FL
 matmul throughput that the step sustains.
 
 Public symbols: ``Linear``, ``linear_layers``, ``step_matmuls``, ``num_parameters``, ``forward_flops``,
-``train_step_flops``, ``dense_incidence_flops``, ``num_trainable_parameters``,
+``train_step_flops``, ``num_trainable_parameters``,
 ``gradient_bytes``.
 """
 
@@ -149,18 +149,6 @@ def train_step_flops(
         passes = 3 if x.input_grad else 2
         total += passes * 2 * rows[x.rows] * x.fan_in * x.fan_out * x.calls
     return total
-
-
-def dense_incidence_flops(config: ModelConfig, num_nodes: int, num_edges: int) -> int:
-    """Extra matmul FLOPs of one training step of ``DenseSegmentClassifier`` (on top of the MLPs).
-
-    Per core step the forward pass does Ri^T @ x and Ro^T @ x ([E, N] @ [N, 2 L_n], node
-    endpoints) and Ri @ e and Ro @ e ([N, E] @ [E, L_e], edge sums); the backward pass repeats
-    each once for the input gradient (Ri and Ro are constants, so no gradient for them).
-    """
-    ln, le = config.node_latent_size, config.edge_latent_size
-    per_step = 2 * (2 * num_edges * num_nodes * 2 * ln) + 2 * (2 * num_nodes * num_edges * le)
-    return 2 * per_step * config.num_message_passing_steps
 
 
 def num_trainable_parameters(module: tf.Module) -> int:

@@ -118,15 +118,16 @@ class Adam(tf.Module):
             raise ValueError(
                 f"Adam was built for {len(self.m)} variables, got {len(grads)} gradients"
             )
-        norm = tf.linalg.global_norm(grads)
-        if self.clip_norm is not None:
-            grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=norm)
-        lr = self.schedule(self.step)
-        t = tf.cast(self.step + 1, tf.float32)
-        lr_t = lr * tf.sqrt(1.0 - tf.pow(self.beta2, t)) / (1.0 - tf.pow(self.beta1, t))
-        for g, var, m, v in zip(grads, variables, self.m, self.v):
-            m.assign(self.beta1 * m + (1.0 - self.beta1) * g)
-            v.assign(self.beta2 * v + (1.0 - self.beta2) * tf.square(g))
-            var.assign_sub(lr_t * m / (tf.sqrt(v) + self.epsilon))
-        self.step.assign_add(1)
+        with tf.name_scope(self.name):  # the scope the step's op breakdown counts as optimizer
+            norm = tf.linalg.global_norm(grads)
+            if self.clip_norm is not None:
+                grads, _ = tf.clip_by_global_norm(grads, self.clip_norm, use_norm=norm)
+            lr = self.schedule(self.step)
+            t = tf.cast(self.step + 1, tf.float32)
+            lr_t = lr * tf.sqrt(1.0 - tf.pow(self.beta2, t)) / (1.0 - tf.pow(self.beta1, t))
+            for g, var, m, v in zip(grads, variables, self.m, self.v):
+                m.assign(self.beta1 * m + (1.0 - self.beta1) * g)
+                v.assign(self.beta2 * v + (1.0 - self.beta2) * tf.square(g))
+                var.assign_sub(lr_t * m / (tf.sqrt(v) + self.epsilon))
+            self.step.assign_add(1)
         return norm

@@ -62,23 +62,34 @@ class Trainer:
     Args:
       config: the resolved run configuration.
       workers: the distribution seam (made from ``config.distributed`` if not given).
+      dataset: False builds the model, optimizer and compiled step without opening
+        ``config.data.dataset_dir`` (no plan, no pipelines, a constant learning rate at the
+        configured peak): ``step`` then runs on batches the caller makes, as ``hvdtrack bench
+        model`` does with synthetic graphs.
     """
 
-    def __init__(self, config: Config, workers: Workers | None = None):
+    def __init__(self, config: Config, workers: Workers | None = None, *, dataset: bool = True):
         self.config = config
         self.workers = workers or make_workers(config.distributed)
         self.dataset_dir = Path(config.data.dataset_dir)
-        # Validation runs at least after the last epoch: an empty val split is refused now.
-        self.manifest = open_dataset(
-            self.dataset_dir, verify=config.train.verify_checksums, required=("train", "val")
-        )
-        manifest_bytes = (self.dataset_dir / MANIFEST_NAME).read_bytes()
-        self.dataset_digest = hashlib.sha256(manifest_bytes).hexdigest()[:16]
-        table = self.manifest.split_table("train", str(self.dataset_dir))
-        self.train_edges = np.asarray(table.num_edges)
         tc, dc = config.train, config.distributed
         self._plan: EpochPlan | None = None
-        schedule = self._fit_to_workers()  # steps per epoch, learning rate, ... for the workers
+        if dataset:
+            # Validation runs at least after the last epoch: an empty val split is refused now.
+            self.manifest = open_dataset(
+                self.dataset_dir, verify=tc.verify_checksums, required=("train", "val")
+            )
+            manifest_bytes = (self.dataset_dir / MANIFEST_NAME).read_bytes()
+            self.dataset_digest = hashlib.sha256(manifest_bytes).hexdigest()[:16]
+            table = self.manifest.split_table("train", str(self.dataset_dir))
+            self.train_edges = np.asarray(table.num_edges)
+            schedule = self._fit_to_workers()  # steps per epoch, learning rate, ... for the workers
+        else:
+            workers = self.workers.num_replicas
+            self.learning_rate = scaled_learning_rate(tc.learning_rate, workers, tc.lr_scaling)
+            schedule = Schedule(
+                peak=self.learning_rate, warmup_steps=0, total_steps=1, decay="none"
+            )
         self.graph_spec, self.label_spec = pipeline.input_signature()
         # Different initial weights per rank: the broadcast below, not the seed, makes them equal.
         tf.random.set_seed(tc.seed + 1000 * self.workers.rank)

@@ -1,43 +1,77 @@
-"""The model benchmark runs end to end on tiny sizes and keeps its timings as data."""
+"""The model benchmark times the Trainer's step end to end on tiny sizes and keeps its figures."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from hvdtrack.bench import model as bench
 
 
-def test_benchmark_smoke_run_writes_records(tmp_path, capsys):
-    out = tmp_path / "timings.json"
+def test_benchmark_times_the_trainers_step_and_writes_records(tmp_path, capsys):
+    out = tmp_path / "figures.json"
     code = bench.main(
         [
-            "--nodes", "20", "--edges", "60", "--repeats", "1", "--warmup", "1",
-            "--matmul-size", "64", "--modes", "sparse", "sparse-factorized", "dense",
-            "--set", "num_message_passing_steps=1", "--json", str(out),
+            "--config", "tiny", "--nodes", "20", "40", "--edges", "60", "--repeats", "1",
+            "--warmup", "1", "--breakdown", "--json", str(out),
         ]
     )  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out
-    assert "--- 20 nodes, 60 edges ---" in printed
-    assert "dense takes" in printed and "sparse-factorized takes" in printed
+    assert "--- 20 nodes, 60 edges:" in printed and "--- 40 nodes, 60 edges:" in printed
+    assert "% of the matmul rate" in printed
     records = json.loads(out.read_text())["records"]
-    steps = {r["mode"]: r for r in records if r["kind"] == "step"}
-    assert set(steps) == {"sparse", "sparse-factorized", "dense"}
-    assert steps["dense"]["flops"] > steps["sparse"]["flops"] > steps["sparse-factorized"]["flops"]
-    assert len(steps["sparse"]["seconds"]) == 1
+    assert [(r["nodes"], r["edges"]) for r in records] == [(20, 60), (40, 60)]
+    assert len(records[0]["step"]["seconds"]) == 1
+    shares = records[0]["breakdown"]
+    assert set(shares) == set(bench.CATEGORIES)
+    assert shares["matmul"] > 0 and shares["optimizer"] > 0 and shares["segment sum"] > 0
 
 
-def test_dense_is_skipped_with_a_reason_when_too_big(capsys):
-    code = bench.main(
-        ["--nodes", "50", "--edges", "100", "--repeats", "1", "--warmup", "1",
-         "--matmul-size", "32", "--modes", "dense", "--dense-max-gb", "1e-6",
-         "--set", "num_message_passing_steps=1"]
-    )  # fmt: skip
-    assert code == 0
-    assert "dense: skipped, Ri + Ro need 0.0 GB (> --dense-max-gb 1e-06)" in capsys.readouterr().out
+@pytest.mark.parametrize(
+    "name, category",
+    [
+        ("gradient_tape/segment_classifier/edge_update/MatMul_1:MatMul", "matmul"),
+        ("segment_classifier/node_update/mlp/linear_0/MatMul:_FusedMatMul", "matmul"),
+        ("segment_classifier/edge_update/GatherV2_1:GatherV2", "gather"),
+        ("segment_classifier/node_update/UnsortedSegmentSum:UnsortedSegmentSum", "segment sum"),
+        ("segment_classifier/edge_update/layer_norm/moments/mean:Mean", "layer norm"),
+        ("gradient_tape/segment_classifier/node_update/layer_norm/mul:Mul", "layer norm"),
+        ("adam/mul_3:Mul", "optimizer"),
+        ("replica_1/adam/Sqrt:Sqrt", "optimizer"),
+        ("segment_classifier/edge_update/add:AddV2", "other"),
+    ],
+)
+def test_op_categories(name, category):
+    assert bench.op_category(name, "adam") == category
+
+
+def test_breakdown_sums_by_category():
+    ops = [("a/MatMul:MatMul", 1.0), ("adam/x:Mul", 0.25), ("b:GatherV2", 0.5), ("c:Add", 2.0)]
+    seconds = bench.breakdown(ops, "adam")
+    assert seconds == {
+        "matmul": 1.0, "gather": 0.5, "segment sum": 0.0, "layer norm": 0.0,
+        "optimizer": 0.25, "other": 2.0,
+    }  # fmt: skip
+
+
+def test_parse_bytes():
+    assert bench.parse_bytes("4GiB") == 4 * 2**30
+    assert bench.parse_bytes("512MiB") == 512 * 2**20
+    assert bench.parse_bytes("1.5GB") == 1_500_000_000
+    assert bench.parse_bytes("100") == 100
+    with pytest.raises(ValueError, match="'4 parsecs' is not a size"):
+        bench.parse_bytes("4 parsecs")
 
 
 def test_bad_model_override_is_reported_with_its_key(capsys):
     code = bench.main(["--nodes", "10", "--set", "num_message_passing_steps=0"])
     assert code == 2
     assert "'model.num_message_passing_steps' must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_bad_memory_budget_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--memory-budget", "lots"])
+    assert "--memory-budget: 'lots' is not a size like 4GiB" in capsys.readouterr().err

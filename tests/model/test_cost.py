@@ -14,7 +14,7 @@ from hvdtrack.model import (
     num_trainable_parameters,
     train_step_flops,
 )
-from hvdtrack.model.cost import dense_incidence_flops, forward_flops
+from hvdtrack.model.cost import forward_flops
 from tests.model.conftest import TINY
 
 # TINY with 3 node features and 2 edge features (w + b per layer):
@@ -68,9 +68,3 @@ def test_factorized_flops_by_hand():
         first_layer + 1680 + 216 + 72
     )
     assert num_parameters(config, 3, 2) == TINY_PARAMETERS
-
-
-def test_dense_incidence_flops_by_hand():
-    # Per step forward: Ri^T x and Ro^T x: 2 * (2*6*5*8); Ri e and Ro e: 2 * (2*5*6*3);
-    # x2 for the backward pass, x3 steps.
-    assert dense_incidence_flops(TINY, 5, 6) == 2 * 3 * (2 * 2 * 6 * 5 * 8 + 2 * 2 * 5 * 6 * 3)

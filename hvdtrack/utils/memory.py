@@ -1,0 +1,75 @@
+"""Peak memory of this process: resident set (CPU, Linux /proc) and TensorFlow's device allocator.
+
+Per-interval peaks, e.g. one per epoch::
+
+    reset_peak()                 # start of the interval
+    ...                          # train
+    peak_rss_bytes()             # highest resident set since the reset (bytes; None off Linux)
+    device_peak_bytes("GPU:0")   # highest bytes TensorFlow's allocator held on the GPU since the reset
+
+``reset_peak`` lowers the kernel's high-water mark (VmHWM) to the current resident set by writing
+"5" to /proc/self/clear_refs (Linux >= 4.0), and resets TensorFlow's per-device peaks of every
+visible GPU when TensorFlow is already imported. Without that file (not Linux, or a container
+that forbids the write) the peak is the highest since the process started, and ``reset_peak``
+returns False.
+
+Public symbols: ``rss_bytes``, ``peak_rss_bytes``, ``reset_peak``, ``device_peak_bytes``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _status_bytes(field: str, text: Optional[str] = None) -> Optional[int]:
+    """A ``kB`` field of /proc/self/status (or of ``text``, its contents) in bytes."""
+    if text is None:
+        try:
+            text = _STATUS.read_text()
+        except OSError:
+            return None
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name == field:
+            number, _, unit = value.strip().partition(" ")
+            return int(number) * (1024 if unit.strip() == "kB" else 1)
+    return None
+
+
+def rss_bytes() -> Optional[int]:
+    """The resident set of this process now (VmRSS), in bytes; None where /proc is missing."""
+    return _status_bytes("VmRSS")
+
+
+def peak_rss_bytes() -> Optional[int]:
+    """The highest resident set since the last ``reset_peak`` (VmHWM), in bytes."""
+    return _status_bytes("VmHWM")
+
+
+def reset_peak() -> bool:
+    """Starts a new peak interval (resident set and GPU allocators); True if the RSS peak reset."""
+    if "tensorflow" in sys.modules:
+        tf = sys.modules["tensorflow"]
+        for index, _ in enumerate(tf.config.list_logical_devices("GPU")):
+            tf.config.experimental.reset_memory_stats(f"GPU:{index}")
+    try:
+        _CLEAR_REFS.write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def device_peak_bytes(device: str = "GPU:0") -> Optional[int]:
+    """Peak bytes TensorFlow's allocator held on ``device`` since the last reset (None if the
+    device does not exist or does not keep the figure)."""
+    import tensorflow as tf
+
+    try:
+        return int(tf.config.experimental.get_memory_info(device)["peak"])
+    except (ValueError, RuntimeError):
+        return None
