@@ -12,6 +12,11 @@ graphs in one of two ways, chosen by ``plan_train_epoch``:
   is the plan's global order); the worker keeps only its own records before parsing them. Every
   worker reads every shard of the epoch, so reading cost grows with the number of workers.
 
+Subgraph mini-batches (a ``SubgraphPlan``, from ``plan_train_epoch(..., subgraphs=...)``): each
+planned unit's graph is read by offset, its seeds' neighbourhood sampled by TensorFlow ops
+(``inputs.subgraphs``; parallel over units, order kept), and ``batch_graphs`` subgraphs merged
+per step; non-seed edges carry the label that gives them zero loss weight.
+
 In both, every ``batch_graphs`` records are parsed and merged into one GraphsTuple by one
 vectorised map per batch (parallel over batches, order kept). Measured figures:
 ``python -m hvdtrack.bench.read``.
@@ -54,6 +59,14 @@ from graph_nets import utils_tf
 
 from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.inputs.balance import EpochPlan, plan_epoch
+from hvdtrack.inputs.subgraphs import (
+    SubgraphPlan,
+    SubgraphSampling,
+    plan_subgraph_epoch,
+    sample_subgraph,
+    unit_key,
+    unit_seed_edges,
+)
 from hvdtrack.records.manifest import Manifest, SplitTable, check_splits, shard_problem
 from hvdtrack.records.schema import EDGE_FEATURE_SIZE, NODE_FEATURE_SIZE, parse_example_batch
 from hvdtrack.records.shards import first_unreadable_record, index_shard_records
@@ -84,8 +97,10 @@ def plan_train_epoch(
     random_access: Optional[bool] = None,
     shards_per_group: int = 4,
     dataset: str = "the dataset",
+    subgraphs: Optional[SubgraphSampling] = None,
 ) -> EpochPlan:
-    """``balance.plan_epoch`` over a split of the manifest.
+    """``balance.plan_epoch`` over a split of the manifest (``subgraphs.plan_subgraph_epoch``
+    with ``subgraphs``).
 
     Args:
       manifest: the dataset's manifest.
@@ -95,12 +110,24 @@ def plan_train_epoch(
         when the shards are uncompressed. False plans for streaming whole shards.
       shards_per_group: shards interleaved together when streaming.
       dataset: names the dataset in error messages.
+      subgraphs: plan subgraph mini-batches with these settings (``batch_graphs`` then counts
+        subgraphs); they are read by offset, so the shards must be uncompressed.
 
     Raises:
-      ConfigError: random access asked for gzip-compressed shards.
+      ConfigError: random access (or subgraphs) asked for gzip-compressed shards.
       DataError: for an empty split (naming ``dataset`` and the split) or too few graphs.
     """
     table = manifest.split_table(split, dataset)
+    if subgraphs is not None:
+        if manifest.compression != "none":
+            raise ConfigError(
+                f"{dataset} has {manifest.compression}-compressed shards, but subgraph "
+                "mini-batches (train.subgraphs.enabled) read graphs by offset: prepare with "
+                "records.compression=none"
+            )
+        return plan_subgraph_epoch(
+            table.num_edges, num_workers, batch_graphs, seed, epoch, subgraphs
+        )
     if random_access is None:
         random_access = manifest.compression == "none"
     if random_access and manifest.compression != "none":
@@ -142,7 +169,9 @@ def train_dataset(
 
     Returns:
       A dataset of exactly ``plan.num_steps`` elements ``(GraphsTuple, labels)`` (summed over
-      the plans); step s merges the graphs ``plan.graph_ids[worker, s]`` in that order.
+      the plans); step s merges the graphs ``plan.graph_ids[worker, s]`` in that order. For a
+      ``SubgraphPlan`` it merges the subgraphs of those units (``subgraphs.sample_subgraph``,
+      nodes and edges in graph order), non-seed edges labelled ``sampling.ignored_label``.
 
     Raises:
       ConfigError: when a plan was not made for this split, plans differ in batch_graphs or
@@ -160,6 +189,11 @@ def train_dataset(
     for each in plans:
         _check_plan(each, table, manifest, dataset_dir, split)
     reader = _ShardReader(dataset_dir, manifest, table)
+    if any(isinstance(p, SubgraphPlan) for p in plans):
+        if not all(isinstance(p, SubgraphPlan) for p in plans):
+            raise ConfigError("train_dataset cannot mix subgraph and whole-graph plans")
+        parts = [_subgraph_batches(reader, p, worker) for p in plans]
+        return functools.reduce(tf.data.Dataset.concatenate, parts)
     by_offset = [p.worker_graph_ids(worker) for p in plans if p.shard_order is None]
     if len(by_offset) == len(plans):
         records = reader.records_by_offset(np.concatenate(by_offset))
@@ -180,6 +214,14 @@ def train_dataset(
 def _check_plan(
     plan: EpochPlan, table: SplitTable, manifest: Manifest, dataset_dir: Any, split: str
 ) -> None:
+    if isinstance(plan, SubgraphPlan):
+        if plan.num_split_graphs != table.num_graphs or manifest.compression != "none":
+            raise ConfigError(
+                f"the subgraph plan ({plan.num_split_graphs} graphs) was not made for split "
+                f"'{split}' of {dataset_dir} ({table.num_graphs} graphs, "
+                f"{manifest.compression} compression) - make it with plan_train_epoch(manifest, ...)"
+            )
+        return
     num_shards = None if plan.shard_order is None else plan.shard_order.shape[0]
     if plan.num_graphs != table.num_graphs or num_shards not in (None, table.num_shards):
         layout = "read by offset" if num_shards is None else f"in {num_shards} shards"
@@ -429,6 +471,58 @@ def _batches(
     merged = batched.map(
         reader.parse_and_merge, num_parallel_calls=_PARALLEL_PARSES, deterministic=True
     )
+    return merged.prefetch(_PREFETCH_BATCHES).with_options(_FIXED_PARALLELISM)
+
+
+def _subgraph_batches(reader: _ShardReader, plan: SubgraphPlan, worker: int) -> tf.data.Dataset:
+    """The worker's steps of a subgraph plan: each unit's graph read by offset, its subgraph
+    sampled (in parallel, order kept), ``batch_graphs`` subgraphs merged per step."""
+    units = plan.worker_graph_ids(worker)
+    graphs = plan.unit_graph[units]
+    info = tf.data.Dataset.from_tensor_slices(
+        (graphs, plan.unit_index[units], plan.unit_count[units])
+    )
+    sampling, seed, epoch = plan.sampling, plan.seed, plan.epoch
+
+    def sample(record: tuple, unit: tuple) -> dict[str, tf.Tensor]:
+        shard, index, serialized = record
+        graph, unit_index, unit_count = unit
+        where = tf.strings.join(
+            ["record ", tf.strings.as_string(index), " of ", tf.gather(reader.names, shard)]
+        )
+        values, rows = parse_example_batch(serialized[None], where[None], TRAIN_FIELDS)
+        seeds = unit_seed_edges(rows["E"][0], seed, epoch, graph, unit_index, unit_count)
+        node_ids, edge_ids, is_seed = sample_subgraph(
+            values["senders"],
+            values["receivers"],
+            rows["N"][0],
+            seeds,
+            sampling.hops,
+            sampling.max_nodes_per_hop,
+            unit_key(seed, epoch, graph, unit_index),
+        )
+        # Old node id -> position in the subgraph (only kept nodes are looked up).
+        new_index = tf.math.unsorted_segment_max(
+            tf.range(tf.shape(node_ids)[0]), node_ids, rows["N"][0]
+        )
+        labels = tf.gather(values["labels"], edge_ids)
+        return {
+            "nodes": tf.gather(values["nodes"], node_ids),
+            "edges": tf.gather(values["edges"], edge_ids),
+            "senders": tf.gather(new_index, tf.gather(values["senders"], edge_ids)),
+            "receivers": tf.gather(new_index, tf.gather(values["receivers"], edge_ids)),
+            "labels": tf.where(is_seed, labels, sampling.ignored_label),
+        }
+
+    def merge(batch: dict[str, tf.RaggedTensor]) -> tuple[gn_graphs.GraphsTuple, tf.Tensor]:
+        n_node = tf.cast(batch["nodes"].row_lengths(), tf.int32)
+        n_edge = tf.cast(batch["edges"].row_lengths(), tf.int32)
+        return merge_graphs({k: v.flat_values for k, v in batch.items()}, n_node, n_edge)
+
+    records = tf.data.Dataset.zip(reader.records_by_offset(graphs), info)
+    sampled = records.map(sample, num_parallel_calls=_PARALLEL_PARSES, deterministic=True)
+    batched = sampled.ragged_batch(plan.batch_graphs).take(plan.num_steps)
+    merged = batched.map(merge, num_parallel_calls=_PARALLEL_PARSES, deterministic=True)
     return merged.prefetch(_PREFETCH_BATCHES).with_options(_FIXED_PARALLELISM)
 
 
