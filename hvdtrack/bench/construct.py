@@ -2,6 +2,7 @@
 
     python -m hvdtrack.bench.construct                       # full default event, 5 repeats
     python -m hvdtrack.bench.construct --repeats 7 --json construct.json
+    python -m hvdtrack.bench construct --compare-real [--events 2]   # synthetic vs real table
 
 Generates one full default synthetic event (10,000 particles, ~100k hits), then times, each as
 the median (min, max) of ``--repeats`` runs after one warm-up run: ``generate_event``;
@@ -11,6 +12,9 @@ the median (min, max) of ``--repeats`` runs after one warm-up run: ``generate_ev
 a phi-slope cut loose enough for low-pT particles; the whole detector at pT > 1 GeV sits in
 between. For each construction it prints nodes, edges, efficiency and purity.
 The issue's goal is a full ~100k-hit event turned into graphs in <= 2 s on one core.
+
+``--compare-real`` instead prints the figures of default synthetic events beside the real-event
+figures of ``shared/design/physics.md`` (``hvdtrack.graphs.realism``), as a Markdown table.
 
 The process pins itself to one thread (OMP/OpenBLAS/MKL variables set before numpy is imported);
 the code measured is plain numpy and pandas anyway.
@@ -33,6 +37,7 @@ from typing import Any, Callable, Optional, Sequence  # noqa: E402
 
 from hvdtrack.events.synthetic import SyntheticConfig, generate_event  # noqa: E402
 from hvdtrack.events.trackml import read_event, write_event  # noqa: E402
+from hvdtrack.graphs import realism  # noqa: E402
 from hvdtrack.graphs.construction import GraphConfig, build_hit_graphs  # noqa: E402
 from hvdtrack.graphs.report import ConstructionReport  # noqa: E402
 from hvdtrack.utils.io import write_json  # noqa: E402
@@ -86,11 +91,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--num-particles", type=int, default=SyntheticConfig.num_particles)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", default=None, help="write every timing and figure here")
+    parser.add_argument(
+        "--compare-real",
+        action="store_true",
+        help="print default synthetic events beside the real-event figures instead",
+    )
+    parser.add_argument("--events", type=int, default=2, help="events for --compare-real")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
 
     cfg = SyntheticConfig(num_particles=args.num_particles)
+    if args.compare_real:
+        events = (generate_event(cfg, 1000 + i, args.seed) for i in range(args.events))
+        print(
+            f"{args.events} synthetic event(s) of {args.num_particles} primaries, seed "
+            f"{args.seed}; barrel graphs, default cuts, double hits removed unless stated"
+        )
+        print(realism.markdown_table(realism.compare(events)))
+        return 0
     threads = {v: os.environ.get(v) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
     print(
         f"hvdtrack.bench.construct: {args.num_particles} particles, seed {args.seed}, "

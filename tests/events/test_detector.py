@@ -86,13 +86,3 @@ def test_layer_columns_describe_each_surface():
     np.testing.assert_array_equal(detector.LAYER_R_MAX[i], [500.0, 730.0])
     np.testing.assert_array_equal(detector.LAYER_Z_MIN[i], [-1140.0, 1500.0])
     np.testing.assert_array_equal(detector.LAYER_Z_MAX[i], [1140.0, 1500.0])
-
-
-def test_module_id_separates_distant_hits_and_groups_close_ones():
-    layer = np.zeros(3, dtype=np.int64)  # pixel barrel r = 32
-    x = np.array([32.0, 31.99, -32.0])
-    y = np.array([0.0, 0.3, 0.0])
-    z = np.array([0.0, 1.0, 400.0])
-    module = detector.module_id(layer, x, y, z)
-    assert (module >= 1).all()
-    assert module[0] == module[1] != module[2]

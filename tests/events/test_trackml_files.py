@@ -17,6 +17,7 @@ import pytest
 
 from hvdtrack.errors import DataError
 from hvdtrack.events import detector
+from hvdtrack.events.modules import module_table as modules_table
 from hvdtrack.events.particle_ids import decode_particle_id
 from hvdtrack.events.synthetic import SyntheticConfig, generate_dataset
 from hvdtrack.events.trackml import read_detectors, read_event
@@ -93,10 +94,12 @@ def test_every_part_loads_with_the_trackml_columns_and_dtypes(dataset, event):
     hits, cells, particles, truth = (frames[p] for p in ("hits", "cells", "particles", "truth"))
     assert (truth.hit_id.to_numpy() == hits.hit_id.to_numpy()).all()
     assert set(cells.hit_id) == set(hits.hit_id)
-    # ids decode by the bit layout into primaries of vertices 1..3
+    # ids decode by the bit layout into primaries of vertices 1..3 and their secondaries
     fields = decode_particle_id(particles.particle_id.to_numpy())
     assert set(fields["vertex_id"]) <= {1, 2, 3} and (fields["primary_id"] >= 1).all()
-    assert (fields["generation"] == 0).all() and (fields["process"] == 0).all()
+    primary = fields["generation"] == 0
+    assert (fields["process"][primary] == 0).all() and (fields["generation"] <= 1).all()
+    assert (fields["process"][~primary] == 121).all()
     assert set(truth.particle_id) - {0} <= set(particles.particle_id)
     # weights sum to 1 over the event, noise weighs 0
     assert truth.weight.astype(np.float64).sum() == pytest.approx(1.0, abs=1e-5)
@@ -107,26 +110,20 @@ def test_every_part_loads_with_the_trackml_columns_and_dtypes(dataset, event):
 def test_detectors_file_lists_every_module_that_holds_a_hit(dataset):
     assert (dataset / "detectors.csv").read_text().splitlines()[0] == DETECTORS_HEADER
     modules = read_detectors(dataset / "detectors.csv")
-    assert len(modules) == len(detector.module_table()["module_id"]) > 10_000
+    assert len(modules) == len(modules_table()["module_id"]) > 10_000
     key = ["volume_id", "layer_id", "module_id"]
     assert not modules.duplicated(key).any()
     hits = _load_like_trackml(str(dataset / "event000001000"))["hits"]
     merged = hits.merge(modules, on=key, how="left", validate="many_to_one")
     assert merged.cx.notna().all()
-    # each hit lies on its module: within the half length along v and the module's centre
-    # plane (a cylinder's radius or a disk's z)
-    centre = merged[["cx", "cy", "cz"]].to_numpy()
-    position = merged[["x", "y", "z"]].to_numpy(np.float64)
+    # each hit lies on its module: on the module's plane and within its half length along v
+    rel = merged[["x", "y", "z"]].to_numpy(np.float64) - merged[["cx", "cy", "cz"]].to_numpy()
     v_axis = merged[["rot_xv", "rot_yv", "rot_zv"]].to_numpy()
+    w_axis = merged[["rot_xw", "rot_yw", "rot_zw"]].to_numpy()
+    assert (np.abs(np.einsum("ij,ij->i", rel, v_axis)) <= merged.module_hv + 1e-3).all()
+    np.testing.assert_allclose(np.einsum("ij,ij->i", rel, w_axis), 0.0, atol=2e-3)
     barrel = detector.is_barrel(merged.volume_id.to_numpy())
-    along = np.where(
-        barrel,
-        position[:, 2] - centre[:, 2],
-        np.hypot(position[:, 0], position[:, 1]) - np.hypot(centre[:, 0], centre[:, 1]),
-    )
-    assert (np.abs(along) <= merged.module_hv + 1e-3).all()
     assert np.allclose(np.abs(v_axis[barrel, 2]), 1.0) and np.allclose(v_axis[~barrel, 2], 0.0)
-    np.testing.assert_allclose(position[~barrel, 2], centre[~barrel, 2], atol=1e-3)
 
 
 def test_detectors_file_with_a_leading_index_column_reads_the_same(dataset, tmp_path):
