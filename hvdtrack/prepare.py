@@ -10,7 +10,7 @@ A worker process that dies (the out-of-memory killer, ``kill -9``) or an event t
 
 Under ``mpirun -np N python -m hvdtrack.prepare ...`` (or ``srun --mpi=...``) the ranks share the
 events, each with its own worker pool, and write the same dataset byte for byte as one process
-(``prepare_dataset_mpi``); a rank that fails or stops ends every rank with an error naming it.
+(``hvdtrack.prepare_mpi``); a rank that fails or stops ends every rank with an error naming it.
 """
 
 from __future__ import annotations
@@ -26,15 +26,14 @@ import os
 import shutil
 import sys
 import time
-import traceback
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from hvdtrack.configtools import to_mapping
 from hvdtrack.entry import run
-from hvdtrack.errors import ConfigError, DataError, HvdtrackError
+from hvdtrack.errors import DataError
 from hvdtrack.events import synthetic, trackml
 from hvdtrack.graphs.construction import build_hit_graphs_counting_lost
 from hvdtrack.graphs.report import ConstructionReport
@@ -42,16 +41,13 @@ from hvdtrack.records.manifest import (
     MANIFEST_NAME,
     GraphInfo,
     Manifest,
-    ShardInfo,
     check_shard_files,
 )
 from hvdtrack.records.shards import (
     DatasetWriter,
     EncodedGraph,
     encode_graph,
-    plan_shards,
     split_events,
-    write_shard_file,
 )
 from hvdtrack.utils.io import Staged, atomic_write, write_json
 
@@ -313,320 +309,6 @@ def _stop(pool: ProcessPoolExecutor) -> None:
             process.kill()
 
 
-# ------------------------------------------------------------------------------ under MPI
-# `mpirun -np N python -m hvdtrack.prepare`: rank 0 decides and lists the events; every rank
-# builds the graphs of its share (with its own pool of its CPUs) into a scratch file of the
-# staging directory; rank 0 plans the shards exactly as one process would (plan_shards over
-# the graphs in job order) and hands whole shards to ranks, which copy their records out of the
-# scratch files; rank 0 writes the manifest and swaps the directory in. The staging directory
-# must be on a file system every rank sees (as the dataset must be for training anyway).
-
-# Variables by which MPI launchers announce a rank: Open MPI's mpirun, Hydra (MPICH, Intel
-# MPI) and srun --mpi=pmi2, PMIx (srun --mpi=pmix).
-LAUNCHER_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
-
-
-def mpi_world(environ: Mapping[str, str] = os.environ):
-    """mpi4py's COMM_WORLD when an MPI launcher started this process among others; else None.
-
-    The launcher's variables are its announcement (no config can say how the process was
-    started): without them mpi4py is not imported and MPI never initialised, so a plain
-    ``python -m hvdtrack.prepare`` works without MPI or mpi4py.
-
-    Raises:
-      ConfigError: launched by MPI but mpi4py cannot be imported.
-    """
-    launcher = [name for name in LAUNCHER_VARIABLES if name in environ]
-    if not launcher:
-        return None
-    try:
-        from mpi4py import MPI
-    except ImportError as err:
-        raise ConfigError(
-            f"started by an MPI launcher ({launcher[0]} is set) but mpi4py cannot be imported "
-            f"({err}): install mpi4py, or run python -m hvdtrack.prepare without mpirun"
-        ) from None
-    comm = MPI.COMM_WORLD
-    return comm if comm.Get_size() > 1 else None
-
-
-class _Ranks:
-    """One step at a time: every rank reports its outcome to rank 0, which answers each rank.
-
-    Point-to-point messages polled against a clock, not collectives (which wait forever): a
-    rank that is stopped, or stuck outside an event, is named when the deadline passes. A rank
-    whose work raised is reported too: rank 0 then tells every rank to stop, naming it, and
-    every rank raises (so all exit non-zero).
-    """
-
-    def __init__(self, comm, target: Path) -> None:
-        self.comm, self.target = comm, target
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
-
-    def step(self, tag: int, work: Callable[[], Any], answer: Callable, deadline_s: float):
-        """Runs ``work()`` on this rank; rank 0 calls ``answer(results by rank)`` -> one reply
-        per rank. Returns this rank's reply.
-
-        Raises:
-          DataError: some rank's work (or rank 0's answer) failed; the message names it.
-          _Late: a rank sent nothing within ``deadline_s`` (rank 0 answers within twice it).
-        """
-        outcome = _outcome(work)
-        if self.rank != 0:
-            sent = self.comm.isend(outcome, dest=0, tag=tag)
-            ok, reply = self._receive(0, tag, 2 * deadline_s)
-            sent.wait()  # rank 0 answered, so it has received ours
-            if not ok:
-                raise DataError(self._stop_message(reply))
-            return reply
-        outcomes = [outcome] + [self._receive(r, tag, deadline_s) for r in range(1, self.size)]
-        failed = [(r, message) for r, (ok, message) in enumerate(outcomes) if not ok]
-        replies = [None] * self.size
-        if not failed:
-            ok, replies = _outcome(lambda: answer([result for _, result in outcomes]))
-            if not ok:
-                failed = [(0, replies)]
-        for r in range(1, self.size):
-            self._send((False, failed) if failed else (True, replies[r]), r, tag, deadline_s)
-        if failed:
-            raise DataError(self._stop_message(failed))
-        return replies[0]
-
-    def _receive(self, source: int, tag: int, deadline_s: float):
-        end = time.monotonic() + deadline_s
-        while not self.comm.Iprobe(source=source, tag=tag):
-            if time.monotonic() > end:
-                raise _Late(
-                    f"rank {source} of {self.size} sent nothing within {deadline_s:g} s "
-                    f"(rank {self.rank} waited for it): stopped, or stuck outside an event "
-                    f"- look at that rank's host; data.prepare_timeout_s sets the deadlines"
-                )
-            time.sleep(0.02)
-        return self.comm.recv(source=source, tag=tag)
-
-    def _send(self, message: Any, dest: int, tag: int, deadline_s: float) -> None:
-        request = self.comm.isend(message, dest=dest, tag=tag)
-        end = time.monotonic() + deadline_s
-        while not request.Test():
-            if time.monotonic() > end:
-                raise _Late(f"rank {dest} of {self.size} took no answer within {deadline_s:g} s")
-            time.sleep(0.02)
-
-    def _stop_message(self, failed: list[tuple[int, str]]) -> str:
-        mine = [message for r, message in failed if r == self.rank]
-        if self.rank == 0:
-            reasons = "; ".join(f"rank {r} failed: {message}" for r, message in failed)
-            return (
-                f"prepare on {self.size} MPI ranks stopped, {self.target} is unchanged. {reasons}"
-            )
-        if mine:
-            return f"rank {self.rank} of {self.size}: {mine[0]}"
-        names = ", ".join(str(r) for r, _ in failed)
-        return f"rank {self.rank} of {self.size} stops: rank {names} failed (rank 0 says why)"
-
-
-class _Late(Exception):
-    """A rank did not report within its deadline: the job is aborted (MPI_Abort)."""
-
-
-def _outcome(work: Callable[[], Any]) -> tuple[bool, Any]:
-    """``(True, work())``, or ``(False, message)`` when it raised (picklable either way)."""
-    try:
-        return True, work()
-    except HvdtrackError as err:
-        return False, str(err)
-    except _Late:
-        raise
-    except Exception as err:  # a bug: its traceback here, its message to rank 0
-        traceback.print_exc()
-        return False, f"{type(err).__name__}: {err}"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Stored:
-    """Where a rank's graph waits: its place in one-process order and its scratch bytes."""
-
-    job: int  # index in the event list
-    position: int  # graph index within the event
-    split: str
-    info: GraphInfo
-    row: tuple[int, ...]  # _report_row
-    rank: int
-    offset: int
-    length: int
-
-
-def prepare_dataset_mpi(config: Config, comm, force: bool = False, progress: bool = True) -> dict:
-    """``prepare_dataset`` shared by the ranks of ``comm``: the same dataset, byte for byte.
-
-    Same events, splits, shard files (names, records and their order, hence checksums),
-    manifest.json and construction report as one process; only the timings and worker counts
-    in report.json/prepare.json differ. Every wait has a deadline of ``data.prepare_timeout_s``
-    per event (or shard) of the busiest rank.
-
-    Raises:
-      DataError / ConfigError: on every rank, naming the rank that failed; nothing changed.
-      _Late: a rank missed a deadline (``main`` then aborts the job).
-    """
-    data = config.data
-    target = Path(data.dataset_dir)
-    ranks = _Ranks(comm, target)
-    rank, size = ranks.rank, ranks.size
-    timeout = data.prepare_timeout_s
-    mine: dict[str, Any] = {}  # rank 0's plan, kept between steps
-    with Staged() as staged:
-        # 1. Rank 0 keeps an up-to-date dataset, refuses a directory it did not write, or makes
-        #    the staging directory and deals out the events (round robin in job order).
-        def start():
-            if rank != 0:
-                return None
-            reason = stale_reason(config)
-            if not force and reason is None:
-                print(f"[prepare] {target} is up to date (same data config)", flush=True)
-                return json.loads((target / PREPARE_INFO).read_text())["report"]
-            _check_replaceable(target)
-            if not force and (target / PREPARE_INFO).is_file():
-                print(f"[prepare] rebuilding {target}: {reason}", flush=True)
-            out = staged.path(target, directory=True)
-            jobs = _event_jobs(data, out / "events")
-            splits = split_events([j.event_id for j in jobs], data.records)
-            split_of = {int(e): name for name, ids in splits.items() for e in ids}
-            jobs = [j for j in jobs if j.event_id in split_of]
-            mine.update(out=out, jobs=jobs, splits=splits, started=time.perf_counter())
-            print(f"[prepare] {len(jobs)} events on {size} MPI ranks", flush=True)
-            return None
-
-        def deal(results):
-            if "out" not in mine:  # up to date: every rank returns the stored report
-                return [("report", results[0])] * size
-            jobs = list(enumerate(mine["jobs"]))
-            share = -(-len(jobs) // size)
-            split_of = {int(e): name for name, ids in mine["splits"].items() for e in ids}
-            return [("build", mine["out"], jobs[r::size], split_of, share) for r in range(size)]
-
-        reply = ranks.step(1, start, deal, timeout)
-        if reply[0] == "report":
-            return reply[1]
-        _, out, my_jobs, split_of, share = reply
-
-        # 2. Every rank builds its events' graphs into its scratch file; rank 0 puts them in
-        #    one-process order and plans the shards as one process would.
-        def build():
-            if not out.is_dir():
-                raise DataError(
-                    f"the staging directory {out} that rank 0 made is not visible here: the "
-                    "dataset directory must be on a file system every rank shares"
-                )
-            workers = max(1, min(data.workers or usable_cpus(), len(my_jobs)))
-            stored: list[_Stored] = []
-            bar = _bar(progress and rank == 0, len(my_jobs))
-            results = _run([job for _, job in my_jobs], workers, timeout, target)
-            with open(out / _scratch_name(rank), "wb") as f, contextlib.closing(results):
-                for (job, _), (event_id, encoded, segments) in zip(my_jobs, results):
-                    for position, (graph, segment_counts) in enumerate(zip(encoded, segments)):
-                        stored.append(
-                            _Stored(
-                                job,
-                                position,
-                                split_of[event_id],
-                                graph.info,
-                                _report_row(graph.info, segment_counts),
-                                rank,
-                                f.tell(),
-                                len(graph.example),
-                            )
-                        )
-                        f.write(graph.example)
-                    bar.update(1)
-                bar.close()
-            return stored, workers
-
-        def plan(results):
-            stored = sorted(
-                (s for entries, _ in results for s in entries), key=lambda s: (s.job, s.position)
-            )
-            mine["workers"] = sum(workers for _, workers in results)
-            mine["counts"] = counts = {name: [[], [], [], [], []] for name in mine["splits"]}
-            mine["shards"] = shards = {}
-            tasks: list[list] = [[] for _ in range(size)]
-            for split in data.records.split_names:
-                graphs = [s for s in stored if s.split == split]
-                for s in graphs:
-                    _count(counts[split], s.row)
-                for index, (name, members) in enumerate(
-                    plan_shards(len(graphs), split, data.records)
-                ):
-                    chosen = [graphs[int(g)] for g in members]
-                    shards[name] = (split, index, tuple(s.info for s in chosen))
-                    tasks[len(shards) % size].append(
-                        (name, [(s.rank, s.offset, s.length) for s in chosen])
-                    )
-            most = max(len(t) for t in tasks)
-            return [(t, most) for t in tasks]
-
-        my_tasks, most = ranks.step(2, build, plan, (share + 1) * timeout)
-
-        # 3. Every rank writes whole shards from the scratch files; rank 0 writes the manifest
-        #    and the report, then swaps the dataset in.
-        def write():
-            written = []
-            with contextlib.ExitStack() as files:
-                scratch: dict[int, Any] = {}
-
-                def examples(members):
-                    for source, offset, length in members:
-                        if source not in scratch:
-                            scratch[source] = files.enter_context(
-                                open(out / _scratch_name(source), "rb")
-                            )
-                        scratch[source].seek(offset)
-                        yield scratch[source].read(length)
-
-                for name, members in my_tasks:
-                    sha256, num_bytes = write_shard_file(
-                        out / name, examples(members), data.records.compression
-                    )
-                    written.append((name, sha256, num_bytes))
-            return written
-
-        def finish(results):
-            infos = []
-            for name, sha256, num_bytes in (w for written in results for w in written):
-                split, index, graphs = mine["shards"][name]
-                infos.append(ShardInfo(name, split, index, len(graphs), sha256, num_bytes, graphs))
-            records = data.records
-            manifest = Manifest.from_shards(
-                infos,
-                records.compression,
-                graphs_per_shard=records.graphs_per_shard,
-                seed=records.seed,
-                splits=records.split_names,
-            )
-            for r in range(size):
-                (out / _scratch_name(r)).unlink(missing_ok=True)
-            manifest.write(out)
-            elapsed = time.perf_counter() - mine["started"]
-            report = _write_report(
-                config,
-                out,
-                len(mine["jobs"]),
-                mine["splits"],
-                mine["counts"],
-                elapsed,
-                mine["workers"],
-                size,
-                len(manifest.shards),
-            )
-            staged.commit()
-            return [report] * size
-
-        return ranks.step(3, write, finish, (most + 1) * timeout)
-
-
-def _scratch_name(rank: int) -> str:
-    return f".graphs-rank{rank:05d}"
-
-
 # What prepare writes into a dataset directory besides the manifest's shards.
 _OWN_FILES = {MANIFEST_NAME, PREPARE_INFO, "report.md", "report.json", "events"}
 
@@ -723,13 +405,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parser().parse_args(argv)
     config = load_config(resolve_config_path(args.config), args.overrides)
+    from hvdtrack.prepare_mpi import Late, mpi_world, prepare_dataset_mpi
+
     comm = mpi_world()  # None unless started by mpirun/srun among other ranks
     if comm is None:
         prepare_dataset(config, force=args.force, progress=not args.no_progress)
         return 0
     try:
         prepare_dataset_mpi(config, comm, force=args.force, progress=not args.no_progress)
-    except _Late as late:
+    except Late as late:
         # A rank that neither reports nor fails cannot be told to stop: end the whole job.
         print(f"hvdtrack: error: {late}; aborting every rank", file=sys.stderr, flush=True)
         comm.Abort(4)

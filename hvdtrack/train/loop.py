@@ -33,8 +33,8 @@ import tensorflow as tf
 from hvdtrack.config import Config, config_to_dict
 from hvdtrack.errors import TrainingError
 from hvdtrack.scaling.energy import EnergyMeter
-from hvdtrack.train import console, elastic, rundir, timing
-from hvdtrack.train.trainer import StepTimes, Trainer
+from hvdtrack.train import console, elastic, outputs, rundir, timing
+from hvdtrack.train.trainer import Trainer
 
 log = logging.getLogger(console.LOGGER_NAME)
 # SIGTERM (a scheduler's preemption or time limit) and SIGUSR1 (sbatch --signal) ask a run to
@@ -88,136 +88,6 @@ class PartClock:
         return time.perf_counter() - self.start
 
 
-class _Checkpoints:
-    """The run's checkpoints: the newest in RUN/checkpoints, the best by validation loss in RUN/best."""
-
-    def __init__(self, trainer: Trainer, run_dir: Path):
-        self.trainer = trainer
-        self.directory = run_dir / "checkpoints"
-        keep = trainer.config.train.keep_checkpoints
-        self.latest = tf.train.CheckpointManager(
-            trainer.checkpoint, str(self.directory), max_to_keep=keep
-        )
-        self.best = tf.train.CheckpointManager(
-            trainer.checkpoint, str(run_dir / "best"), max_to_keep=1
-        )
-        self.saved_at = time.monotonic()
-
-    def due(self) -> bool:
-        """True when ``train.checkpoint_every_minutes`` have passed since the last save."""
-        minutes = self.trainer.config.train.checkpoint_every_minutes
-        return minutes is not None and time.monotonic() - self.saved_at >= 60 * minutes
-
-    def save(self, epoch: int, step: int) -> None:
-        """Saves the state to resume at (epoch, step); every rank returns after the chief wrote."""
-        self.saved_at = time.monotonic()
-        t = self.trainer
-        t.epoch.assign(epoch)
-        t.step_in_epoch.assign(step)
-        if t.workers.is_chief:
-            # Numbered by optimizer step: steps per epoch change in an elastic run.
-            self.latest.save(checkpoint_number=int(t.optimizer.step.numpy()))
-        t.workers.barrier()
-
-    def save_best(self, number: int) -> None:
-        if self.trainer.workers.is_chief:
-            self.best.save(checkpoint_number=number)
-
-
-class _Summaries:
-    """TensorBoard and console output: the chief writes, the other ranks stay quiet."""
-
-    def __init__(self, trainer: Trainer, run_dir: Path):
-        self.t = trainer
-        self.tc = trainer.config.train
-        self.chief = trainer.workers.is_chief
-        self.writer = (
-            tf.summary.create_file_writer(str(run_dir / "tensorboard"))
-            if self.chief
-            else tf.summary.create_noop_writer()
-        )
-        self.profile_dir = str(run_dir / "tensorboard")
-        self.profiling = False
-
-    def start(self, start_epoch: int) -> None:
-        t, tc, workers = self.t, self.tc, self.t.workers
-        rundir.write_hparams(self.writer, t.config, workers.num_replicas, t.global_batch)
-        log.info(
-            f"{workers.name}: {workers.num_replicas} workers ({workers.threads} threads each), "
-            f"global batch {t.global_batch} graphs, learning rate {t.learning_rate:.3g} "
-            f"({tc.lr_scaling} scaling of {tc.learning_rate:g}), {t.steps_per_epoch} steps/epoch, "
-            f"edge imbalance max/mean per step {t.plan(start_epoch).mean_imbalance:.3f}"
-        )
-
-    def profile(self, global_step: int) -> None:
-        """Starts or stops the TF profiler at the configured steps (chief only)."""
-        if self.tc.profile_steps and self.chief:
-            if global_step == self.tc.profile_steps[0] and not self.profiling:
-                tf.profiler.experimental.start(self.profile_dir)
-                self.profiling = True
-            elif global_step == self.tc.profile_steps[1]:
-                self.stop_profiling()
-
-    def stop_profiling(self) -> None:
-        if self.profiling:
-            self.profiling = False
-            tf.profiler.experimental.stop()
-
-    def step(self, global_step: int, times: StepTimes, step_edges: int, imbalance: float) -> None:
-        if not (self.chief and global_step % self.tc.log_every_steps == 0):
-            return
-        workers = self.t.workers.num_replicas
-        with self.writer.as_default(step=global_step):
-            tf.summary.scalar("train/loss", times.loss)
-            tf.summary.scalar("train/learning_rate", times.learning_rate)
-            tf.summary.scalar("train/grad_norm", times.grad_norm)
-            tf.summary.scalar("throughput/graphs_per_s", self.t.global_batch / times.total_s)
-            tf.summary.scalar("throughput/edges_per_s", step_edges / times.total_s)
-            tf.summary.scalar(
-                "throughput/edges_per_s_per_worker", step_edges / times.total_s / workers
-            )
-            tf.summary.scalar("time/step_s", times.total_s)
-            tf.summary.scalar("time/data_wait_s", times.data_s)
-            tf.summary.scalar("time/compute_s", times.compute_s)
-            tf.summary.scalar("time/exchange_s", times.exchange_s)
-            tf.summary.scalar("balance/edge_imbalance", imbalance)
-
-    def epoch(self, global_step: int, train_s: float, edges: int, plan, val) -> None:
-        """The chief's view of an epoch: training time, throughput, balance, validation."""
-        if not self.chief:
-            return
-        with self.writer.as_default(step=global_step):
-            tf.summary.scalar("time/epoch_s", train_s)
-            tf.summary.scalar("throughput/epoch_edges_per_s", edges / train_s)
-            tf.summary.scalar("balance/epoch_edge_imbalance", plan.mean_imbalance)
-            for key, value in (val or {}).items():
-                if key != "num_edges":
-                    tf.summary.scalar(f"val/{key}", value)
-        self.writer.flush()
-
-    def accounts(self, global_step: int, run: timing.Run, epoch: int) -> None:
-        """Every rank's split of ``epoch`` (gathered records) to TensorBoard; a rest over the
-        limit is also a console warning."""
-        if not self.chief:
-            return
-        rows = [r for r in timing.epoch_accounts(run) if r["epoch"] == epoch]
-        with self.writer.as_default(step=global_step):
-            for row in rows:
-                for key in ("wall_s", *timing.EPOCH_PARTS, "wait_s", "rest_s"):
-                    tf.summary.scalar(f"epoch_time/rank{row['rank']}/{key}", row[key])
-        self.writer.flush()
-        for row in rows:
-            if row["flagged"]:
-                log.warning(
-                    f"epoch {epoch + 1} rank {row['rank']}: {row['rest_s']:.2f} s "
-                    f"({row['rest_fraction']:.1%}) of {row['wall_s']:.2f} s not accounted for"
-                )
-
-    def close(self) -> None:
-        self.stop_profiling()
-        self.writer.close()
-
-
 @dataclasses.dataclass
 class _EpochTally:
     """What one rank did in the steps of one epoch."""
@@ -264,12 +134,12 @@ class _Fit:
             rundir.prepare(self.run_dir, self.cfg)
         if not self.elastic:  # elastic: no collective before the elastic loop (joiners sync)
             self.workers.barrier()
-        self.checkpoints = _Checkpoints(self.t, self.run_dir)
+        self.checkpoints = outputs.Checkpoints(self.t, self.run_dir)
         previous = self._restore()
         self.t.resize()  # a checkpoint of a run that had another worker count (elastic)
         if int(self.t.epoch.numpy()) >= self.tc.epochs:
             return self._info("finished", previous.info.get("metrics") if previous else None)
-        self.summaries = _Summaries(self.t, self.run_dir)
+        self.summaries = outputs.Summaries(self.t, self.run_dir)
         if self.workers.shares_cores:
             yields = os.environ.get("OMPI_MCA_mpi_yield_when_idle") == "1"
             log.info(
@@ -338,7 +208,7 @@ class _Fit:
         if chief != self.chief:
             self.chief = chief
             self.summaries.close()
-            self.summaries = _Summaries(self.t, self.run_dir)
+            self.summaries = outputs.Summaries(self.t, self.run_dir)
 
     def _epoch(self, epoch: int, first: int, clock: PartClock) -> tuple[bool, Optional[dict]]:
         """Trains one epoch from step ``first`` and validates; records it unless stopped.
