@@ -57,30 +57,34 @@ CONSTRUCTIONS = {
 
 @dataclasses.dataclass
 class Timing:
-    """Seconds of each timed run (the warm-up run excluded)."""
+    """Seconds of each timed run (the warm-up run excluded): wall clock, and the process's CPU
+    time (steadier on a machine shared with other work)."""
 
     seconds: list[float]
+    cpu_seconds: list[float] = dataclasses.field(default_factory=list)
 
     @property
     def median(self) -> float:
         return statistics.median(self.seconds)
 
     def text(self) -> str:
+        cpu = f", cpu {statistics.median(self.cpu_seconds):.3f} s" if self.cpu_seconds else ""
         return (
             f"{self.median:8.3f} s  (min {min(self.seconds):.3f}, max {max(self.seconds):.3f}, "
-            f"n={len(self.seconds)})"
+            f"n={len(self.seconds)}{cpu})"
         )
 
 
 def time_runs(fn: Callable[[], Any], repeats: int) -> tuple[Timing, Any]:
     """Runs ``fn`` once to warm up, then ``repeats`` times; returns the timings and last result."""
     result = fn()
-    seconds = []
+    seconds, cpu_seconds = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         result = fn()
         seconds.append(time.perf_counter() - start)
-    return Timing(seconds), result
+        cpu_seconds.append(time.process_time() - cpu_start)
+    return Timing(seconds, cpu_seconds), result
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -181,8 +181,9 @@ def hits_on_modules(
 
     Each crossing is a point on the layer's nominal surface (cylinder or disk) and a direction;
     near the point the track is taken as straight (the error is about step^2 / 2R: 0.03 mm
-    for a 4 mm step at pT 0.1 GeV, up to about 1 mm for a looper's grazing crossing). The module under the point and its four
-    neighbours (in phi and along) are intersected; a hit counts when it lies inside the module.
+    for a 4 mm step at pT 0.1 GeV, up to about 1 mm for a looper's grazing crossing). The
+    module under the point and its nearer neighbours in phi and along are intersected; a hit
+    counts when it lies inside the module.
 
     Args:
       layer: int64 [C] global layer index; point: float64 [C, 3]; direction: float64 [C, 3]
@@ -197,14 +198,17 @@ def hits_on_modules(
     barrel = detector.LAYER_IS_BARREL[layer]
     along = np.where(barrel, z, np.hypot(x, y))
     n_phi, n_along = m.n_phi[layer], m.n_along[layer]
-    i_phi = np.floor((np.arctan2(y, x) + np.pi) / (2 * np.pi) * n_phi).astype(np.int64)
-    i_phi = np.clip(i_phi, 0, n_phi - 1)
-    i_along = np.floor((along - m.along_start[layer]) / m.along_step[layer]).astype(np.int64)
-    i_along = np.clip(i_along, 0, n_along - 1)
-    d_phi = np.array([0, -1, 1, 0, 0])
-    d_along = np.array([0, 0, 0, -1, 1])
-    cand_phi = np.mod(i_phi[:, None] + d_phi, n_phi[:, None])
-    cand_along = i_along[:, None] + d_along
+    f_phi = (np.arctan2(y, x) + np.pi) / (2 * np.pi) * n_phi
+    f_along = (along - m.along_start[layer]) / m.along_step[layer]
+    i_phi = np.clip(np.floor(f_phi).astype(np.int64), 0, n_phi - 1)
+    i_along = np.clip(np.floor(f_along).astype(np.int64), 0, n_along - 1)
+    # The nominal module and its nearer neighbour in phi and along (overlaps are far narrower
+    # than half a module).
+    side_phi = np.where(f_phi - i_phi < 0.5, -1, 1)
+    side_along = np.where(f_along - i_along < 0.5, -1, 1)
+    zero = np.zeros_like(i_phi)
+    cand_phi = np.mod(i_phi[:, None] + np.stack([zero, side_phi, zero], 1), n_phi[:, None])
+    cand_along = i_along[:, None] + np.stack([zero, zero, side_along], 1)
     valid = (cand_along >= 0) & (cand_along < n_along[:, None])
     crossing, k = np.nonzero(valid)
     rows = m.row(layer[crossing], cand_phi[crossing, k], cand_along[crossing, k])

@@ -1,23 +1,20 @@
 """Hit graphs from events: select hits, pair them on adjacent layers, cut, label, split in sections.
 
 Nodes are hits with features [r/1000, phi/pi, z/1000]. Edges join an inner hit (sender) to an
-outer hit (receiver) on a pair of layers of the adjacency table, when the pair passes the phi-slope
-cut |dphi| <= phi_slope_max * dr and the z0 cut |z1 - r1 dz/dr| <= z0_max. Candidate pairs come
-from phi-sorted layers and ``np.searchsorted`` windows (never all pairs), with wrap-around at
-+-pi. An edge is true (label 1) when both hits belong to the same particle and are consecutive
-along it. Everything is vectorised numpy; the only Python loops run over layer pairs and sections.
+outer hit (receiver) on a pair of layers of the adjacency table that passes the segment cuts
+(``pairs``). An edge is true (label 1) when both hits belong to the same particle and are
+consecutive crossings along it (``truth``: two hits of one particle on one layer are one
+crossing, never joined to each other). Everything is vectorised numpy; the only Python loops run
+over layer pairs and sections.
 
 Public symbols: ``GraphConfig``, ``HitGraph``, ``SelectedHits``, ``build_hit_graphs``,
-``build_hit_graphs_counting_lost``, ``select_hits``, ``layer_adjacency``,
-``find_candidate_pairs``, ``segment_cut_mask``, ``edge_features``,
-``group_hits_along_particles``, ``count_true_segments``, ``count_lost_segments``,
-``label_edges``, ``hit_sections``, ``split_into_sections``.
+``build_hit_graphs_counting_lost``, ``select_hits``, ``edge_features``, ``hit_sections``,
+``split_into_sections``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import numpy as np
@@ -26,6 +23,18 @@ from hvdtrack.configtools import check
 from hvdtrack.errors import DataError
 from hvdtrack.events import detector
 from hvdtrack.events.trackml import Event
+from hvdtrack.graphs.pairs import (
+    find_candidate_pairs,
+    layer_adjacency,
+    segment_cut_mask,
+    wrap_angle,
+)
+from hvdtrack.graphs.truth import (
+    count_lost_segments,
+    count_true_segments,
+    group_hits_along_particles,
+    label_edges,
+)
 
 _TWO_PI = 2.0 * np.pi
 
@@ -274,101 +283,6 @@ def select_hits(event: Event, cfg: GraphConfig) -> SelectedHits:
     )
 
 
-def layer_adjacency(barrel_only: bool) -> np.ndarray:
-    """The (inner, outer) pairs of global layer indices that edges may join.
-
-    Barrel only: consecutive barrel layers, [[0, 1], [1, 2], ..., [8, 9]]. Whole detector: every
-    pair of surfaces crossed one after the other by some helix from the luminous region
-    (|z0| <= 200 mm, pT >= 0.15 GeV up to straight lines, |eta| <= 4.5); this yields
-    barrel -> barrel, barrel -> first disks, disk -> next disk, pixel end-cap -> strip end-cap or
-    strip barrel, and so on, derived from the geometry in ``detector`` rather than typed by hand.
-
-    Returns:
-      int64 array [P, 2], sorted by (inner, outer); read-only.
-    """
-    return _scanned_adjacency() if not barrel_only else _barrel_adjacency()
-
-
-def find_candidate_pairs(
-    layer: np.ndarray,
-    r: np.ndarray,
-    phi: np.ndarray,
-    z: np.ndarray,
-    adjacency: np.ndarray,
-    phi_slope_max: float,
-    z0_max: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Candidate (inner, outer) hit pairs on adjacent layers that may pass the segment cuts.
-
-    For each layer pair, the z0 cut bounds where on the outer layer a partner can lie (a z range
-    on a cylinder, an r range on a disk, hence also the largest dr), and dr bounds the phi
-    window |dphi| <= phi_slope_max * dr. The outer layer's hits are binned along z (or r) and
-    sorted by phi within each bin, with each bin's phis repeated at -2pi and +2pi so windows
-    wrap around +-pi; every inner hit then finds its partners by binary search in the bins its
-    range covers. The result is a superset of the pairs passing ``segment_cut_mask`` and costs
-    O(N log N + candidates), never O(N_inner * N_outer).
-
-    Args:
-      layer: int64 [N] global layer index per hit.
-      r, phi, z: float64 [N] hit coordinates (phi in [-pi, pi]).
-      adjacency: int [P, 2] (inner, outer) layer pairs.
-      phi_slope_max: rad/mm; z0_max: mm.
-
-    Returns:
-      (senders, receivers): int64 [C] hit indices, inner and outer.
-    """
-    order = np.argsort(layer, kind="stable")
-    num_layers = max(int(adjacency.max(initial=-1)), int(layer.max(initial=-1))) + 1
-    bounds = np.searchsorted(layer[order], np.arange(num_layers + 1))
-    senders, receivers = [], []
-    for inner, outer in adjacency:
-        a = order[bounds[inner] : bounds[inner + 1]]
-        b = order[bounds[outer] : bounds[outer + 1]]
-        if len(a) and len(b):
-            pair = _candidates_between(
-                a, b, r, phi, z, bool(detector.LAYER_IS_BARREL[outer]), phi_slope_max, z0_max
-            )
-            senders.append(pair[0])
-            receivers.append(pair[1])
-    if not senders:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    return np.concatenate(senders), np.concatenate(receivers)
-
-
-def segment_cut_mask(
-    r: np.ndarray,
-    phi: np.ndarray,
-    z: np.ndarray,
-    senders: np.ndarray,
-    receivers: np.ndarray,
-    phi_slope_max: float,
-    z0_max: float,
-) -> np.ndarray:
-    """Which candidate segments pass the geometric cuts.
-
-    A segment needs dr > 0 (it points outwards), |dphi| <= phi_slope_max * dr and
-    |z0| <= z0_max with z0 = z1 - r1 dz / dr. Both cuts are evaluated multiplied through by dr,
-    so end-cap pairs with dr close to 0 need no division: their allowed dphi and z0 window shrink
-    with dr, as a track's own dphi does.
-
-    Args:
-      r, phi, z: float64 [N] hit coordinates.
-      senders, receivers: int [C] inner and outer hit indices.
-
-    Returns:
-      bool [C].
-    """
-    r1, r2 = r[senders], r[receivers]
-    dr = r2 - r1
-    dphi = _wrap_angle(phi[receivers] - phi[senders])
-    dz = z[receivers] - z[senders]
-    return (
-        (dr > 0)
-        & (np.abs(dphi) <= phi_slope_max * dr)
-        & (np.abs(z[senders] * dr - r1 * dz) <= z0_max * dr)
-    )
-
-
 def edge_features(
     hits: SelectedHits, senders: np.ndarray, receivers: np.ndarray, cfg: GraphConfig
 ) -> np.ndarray:
@@ -377,83 +291,12 @@ def edge_features(
     return np.stack(
         [
             (hits.r[receivers] - hits.r[senders]) / cfg.dr_scale,
-            _wrap_angle(hits.phi[receivers] - hits.phi[senders]) / cfg.dphi_scale,
+            wrap_angle(hits.phi[receivers] - hits.phi[senders]) / cfg.dphi_scale,
             (hits.z[receivers] - hits.z[senders]) / cfg.dz_scale,
             (hits.eta[receivers] - hits.eta[senders]) / cfg.deta_scale,
         ],
         axis=1,
     ).astype(np.float32)
-
-
-def group_hits_along_particles(
-    particle_id: np.ndarray, layer: np.ndarray, distance: np.ndarray
-) -> np.ndarray:
-    """Numbers each particle's hits by layer crossing, in order along its path.
-
-    A particle's hits are ordered by distance from its vertex; consecutive hits on the same
-    layer (double hits) share a group. Groups are numbered globally so that the next crossing
-    of the same particle is group + 1.
-
-    Args:
-      particle_id: int64 [N] (0 = noise).
-      layer: int64 [N] global layer index.
-      distance: float64 [N] distance from the particle's vertex.
-
-    Returns:
-      int64 [N] group number; -1 for noise.
-    """
-    group = np.full(len(particle_id), -1, dtype=np.int64)
-    signal = np.flatnonzero(particle_id != 0)
-    if len(signal) == 0:
-        return group
-    order = signal[np.lexsort((distance[signal], particle_id[signal]))]
-    pid, lay = particle_id[order], layer[order]
-    new_group = np.ones(len(order), dtype=bool)
-    new_group[1:] = (pid[1:] != pid[:-1]) | (lay[1:] != lay[:-1])
-    group[order] = np.cumsum(new_group) - 1
-    return group
-
-
-def count_true_segments(
-    particle_id: np.ndarray, layer: np.ndarray, group: np.ndarray, adjacency: np.ndarray
-) -> np.ndarray:
-    """Per hit, the true segments it starts: hits of its particle's next group, when the two
-    groups' layers are an adjacency pair (a segment across a missing layer cannot be an edge).
-
-    Args:
-      particle_id: int64 [N]; layer: int64 [N]; group: int64 [N] from
-        ``group_hits_along_particles``; adjacency: int [P, 2].
-
-    Returns:
-      int64 [N]; its sum is the number of true segments.
-    """
-    return _next_group_sizes(particle_id, layer, group, adjacency)[0]
-
-
-def count_lost_segments(
-    particle_id: np.ndarray, layer: np.ndarray, group: np.ndarray, adjacency: np.ndarray
-) -> np.ndarray:
-    """Per hit, the true segments it starts that no layer pair can form: hits of its particle's
-    next group when the two groups' layers are not an adjacency pair.
-
-    Args and Returns: as ``count_true_segments``; the two counts never share a segment.
-    """
-    return _next_group_sizes(particle_id, layer, group, adjacency)[1]
-
-
-def label_edges(
-    particle_id: np.ndarray, group: np.ndarray, senders: np.ndarray, receivers: np.ndarray
-) -> np.ndarray:
-    """float32 [E]: 1.0 when both hits belong to the same (non-noise) particle and the outer
-    hit is on the particle's next crossing after the inner one, else 0.0.
-
-    Args:
-      particle_id: int64 [N]; group: int64 [N] from ``group_hits_along_particles``;
-      senders, receivers: int [E] inner and outer hit indices.
-    """
-    same = (particle_id[senders] == particle_id[receivers]) & (particle_id[senders] != 0)
-    consecutive = group[receivers] == group[senders] + 1
-    return (same & consecutive).astype(np.float32)
 
 
 def hit_sections(phi: np.ndarray, eta: np.ndarray, cfg: GraphConfig) -> np.ndarray:
@@ -523,39 +366,6 @@ def split_into_sections(
 
 
 # ------------------------------------------------------------------------------------ internals
-def _next_group_sizes(
-    particle_id: np.ndarray, layer: np.ndarray, group: np.ndarray, adjacency: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per hit, the size of its particle's next group: int64 [N] where the two layers are an
-    adjacency pair (formable), and int64 [N] where they are not (lost); 0 without a next group."""
-    formable = np.zeros(len(group), dtype=np.int64)
-    lost = np.zeros(len(group), dtype=np.int64)
-    signal = group >= 0
-    if not signal.any():
-        return formable, lost
-    num_groups = int(group.max()) + 1
-    size = np.bincount(group[signal], minlength=num_groups)
-    group_pid = np.zeros(num_groups, dtype=np.int64)
-    group_layer = np.zeros(num_groups, dtype=np.int64)
-    group_pid[group[signal]] = particle_id[signal]
-    group_layer[group[signal]] = layer[signal]
-    allowed = _adjacency_mask(
-        adjacency, max(int(layer.max()) + 1, int(adjacency.max(initial=0)) + 1)
-    )
-    has_next = np.zeros(num_groups, dtype=bool)
-    has_next[:-1] = group_pid[1:] == group_pid[:-1]
-    is_pair = np.zeros(num_groups, dtype=bool)
-    is_pair[:-1] = allowed[group_layer[:-1], group_layer[1:]]
-    next_size = np.zeros(num_groups, dtype=np.int64)
-    next_size[:-1] = size[1:]
-    formable[signal] = np.where(has_next & is_pair, next_size, 0)[group[signal]]
-    lost[signal] = np.where(has_next & ~is_pair, next_size, 0)[group[signal]]
-    return formable, lost
-
-
-def _wrap_angle(angle: np.ndarray) -> np.ndarray:
-    """Maps a difference of two angles in [-pi, pi] into [-pi, pi]."""
-    return angle - _TWO_PI * ((angle > np.pi).astype(np.float64) - (angle < -np.pi))
 
 
 def _align_truth(event_id: int, hit_id: np.ndarray, truth_hit_id: np.ndarray) -> np.ndarray:
@@ -577,142 +387,3 @@ def _align_truth(event_id: int, hit_id: np.ndarray, truth_hit_id: np.ndarray) ->
             f"({int(missing.sum())} hits without truth)"
         )
     return row
-
-
-def _candidates_between(
-    a: np.ndarray,
-    b: np.ndarray,
-    r: np.ndarray,
-    phi: np.ndarray,
-    z: np.ndarray,
-    outer_is_barrel: bool,
-    phi_slope_max: float,
-    z0_max: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Candidates from inner hits ``a`` to outer hits ``b`` (one layer pair); see
-    ``find_candidate_pairs``."""
-    r_a, z_a = r[a], z[a]
-    r_b_min, r_b_max = r[b].min(), r[b].max()
-    # u: the coordinate along the outer surface (z on a cylinder, r on a disk). From
-    # z0 = z_a - r_a dz / dr with |z0| <= z0_max and dr > 0, bound u_b (and dr) per inner hit.
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if outer_is_barrel:
-            u_b = z[b]
-            # z_b = z_a + (z_a - z0) dr / r_a, linear in z0 and dr: take the extreme corners.
-            corners = [
-                z_a + (z_a - z0) * (dr / r_a)
-                for z0 in (-z0_max, z0_max)
-                for dr in (r_b_min - r_a, r_b_max - r_a)
-            ]
-            u_lo, u_hi = np.minimum.reduce(corners), np.maximum.reduce(corners)
-            dr_hi = r_b_max - r_a
-        else:
-            u_b = r[b]
-            # z0 = z_a - r_a dz / dr with dr > 0 puts z_a - z0 on the side of dz, so
-            # dr = r_a |dz| / |z_a - z0| with |z_a - z0| in [near, far]. Disk modules may be
-            # staggered in z, so |dz| spans the layer's z range; an inner hit inside that range
-            # (dz of either sign) is not bounded.
-            dz_min, dz_max = z[b].min() - z_a, z[b].max() - z_a
-            side = np.where(dz_min > 0, 1.0, np.where(dz_max < 0, -1.0, 0.0))
-            abs_dz_min = np.where(side > 0, dz_min, -dz_max)
-            abs_dz_max = np.where(side > 0, dz_max, -dz_min)
-            near = side * z_a - z0_max
-            far = side * z_a + z0_max
-            dr_lo = np.where(far > 0, r_a * abs_dz_min / far, np.inf)
-            dr_hi = np.where(near > 0, r_a * abs_dz_max / near, np.inf)
-            unbounded = side == 0
-            dr_lo = np.where(unbounded, -np.inf, dr_lo)
-            dr_hi = np.where(unbounded, np.inf, dr_hi)
-            u_lo, u_hi = r_a + dr_lo, r_a + dr_hi
-            dr_hi = np.minimum(dr_hi, r_b_max - r_a)
-    margin = 1e-9 * (np.abs(r_a) + np.abs(z_a) + z0_max)  # keep boundary pairs for the exact cut
-    u_lo, u_hi = u_lo - margin, u_hi + margin
-    half_width = phi_slope_max * np.maximum(dr_hi, 0.0) * (1.0 + 1e-12)
-
-    # Bin the outer hits along u; inside a bin, phis sorted and repeated at -2pi, 0, +2pi, all
-    # in one sorted key array: key = bin * stride + phi + 3 pi.
-    u_min, u_max = u_b.min(), u_b.max()
-    num_bins = int(np.clip(len(b) // 32, 1, 64))
-    bin_width = max((u_max - u_min) / num_bins, 1e-9)
-    b_bin = np.minimum(((u_b - u_min) / bin_width).astype(np.int64), num_bins - 1)
-    stride = 32.0  # > 6 pi, so bins never overlap
-    shifted = phi[b] + 3.0 * np.pi
-    keys = (
-        np.concatenate([shifted - _TWO_PI, shifted, shifted + _TWO_PI]) + np.tile(b_bin, 3) * stride
-    )
-    key_order = np.argsort(keys, kind="stable")
-    keys = keys[key_order]
-    key_hit = np.tile(b, 3)[key_order]
-
-    valid = (u_hi >= u_min) & (u_lo <= u_max) & (half_width > 0)
-    bin_lo = np.clip(np.floor((np.where(valid, u_lo, u_min) - u_min) / bin_width), 0, num_bins - 1)
-    bin_hi = np.clip(np.floor((np.where(valid, u_hi, u_min) - u_min) / bin_width), 0, num_bins - 1)
-    bin_lo, bin_hi = bin_lo.astype(np.int64), bin_hi.astype(np.int64)
-    num_spanned = np.where(valid, bin_hi - bin_lo + 1, 0)
-    inner = np.repeat(np.arange(len(a)), num_spanned)
-    offset = np.arange(len(inner)) - np.repeat(np.cumsum(num_spanned) - num_spanned, num_spanned)
-    base = (bin_lo[inner] + offset) * stride + phi[a][inner] + 3.0 * np.pi
-    w = half_width[inner]
-    full = w >= np.pi
-    # Closed window [phi - w, phi + w]; a full turn is taken half-open so no hit comes twice.
-    start = np.searchsorted(keys, np.where(full, base - np.pi, base - w), side="left")
-    stop = np.where(
-        full,
-        np.searchsorted(keys, base + np.pi, side="left"),
-        np.searchsorted(keys, base + w, side="right"),
-    )
-    count = np.maximum(stop - start, 0)
-    total = int(count.sum())
-    position = np.repeat(start - (np.cumsum(count) - count), count) + np.arange(total)
-    return np.repeat(a[inner], count), key_hit[position]
-
-
-def _adjacency_mask(adjacency: np.ndarray, num_layers: int) -> np.ndarray:
-    mask = np.zeros((num_layers, num_layers), dtype=bool)
-    if len(adjacency):
-        mask[adjacency[:, 0], adjacency[:, 1]] = True
-    return mask
-
-
-@functools.lru_cache(maxsize=1)
-def _barrel_adjacency() -> np.ndarray:
-    inner = np.arange(detector.NUM_BARREL_LAYERS - 1)
-    pairs = np.stack([inner, inner + 1], axis=1)
-    pairs.flags.writeable = False
-    return pairs
-
-
-@functools.lru_cache(maxsize=1)
-def _scanned_adjacency() -> np.ndarray:
-    """Consecutive surface crossings of helices from the beam line, over a grid of
-    pseudorapidity, vertex z and curvature radius. (A grid 6x denser in eta, 3x in z and 2x in
-    pT gives the same 114 pairs.)"""
-    eta = np.linspace(-4.5, 4.5, 601)
-    z0 = np.linspace(-200.0, 200.0, 5)
-    pt = np.array([0.15, 0.3, 0.6, 1.0, 3.0, np.inf])
-    lam_grid, z0_grid, pt_grid = np.meshgrid(np.sinh(eta), z0, pt, indexing="ij")
-    lam, vz = lam_grid.ravel(), z0_grid.ravel()
-    radius = pt_grid.ravel() / 0.6 * 1000.0  # mm at 2 T
-    # Transverse path s to reach radius r: 2R asin(r / 2R) (s = r for a straight line);
-    # the transverse radius at path s: 2R sin(s / 2R); the outgoing arc ends at s = pi R.
-    path = np.full((len(lam), detector.NUM_LAYERS), np.inf)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        for layer in detector.LAYERS:
-            if layer.is_barrel:
-                ratio = layer.r_min / (2.0 * radius)
-                s = np.where(ratio <= 1.0, 2.0 * radius * np.arcsin(np.minimum(ratio, 1.0)), np.inf)
-                s = np.where(np.isinf(radius), layer.r_min, s)
-                ok = np.isfinite(s) & (np.abs(vz + lam * s) <= layer.z_max)
-            else:
-                s = (layer.z_min - vz) / lam
-                rho = np.where(np.isinf(radius), s, 2.0 * radius * np.sin(s / (2.0 * radius)))
-                ok = (s > 0) & (s <= np.pi * radius) & (rho >= layer.r_min) & (rho <= layer.r_max)
-            path[:, layer.index] = np.where(ok, s, np.inf)
-    order = np.argsort(path, axis=1)
-    ordered_path = np.take_along_axis(path, order, axis=1)
-    consecutive = np.isfinite(ordered_path[:, 1:])
-    keys = order[:, :-1][consecutive] * detector.NUM_LAYERS + order[:, 1:][consecutive]
-    keys = np.unique(keys)
-    pairs = np.stack([keys // detector.NUM_LAYERS, keys % detector.NUM_LAYERS], axis=1)
-    pairs.flags.writeable = False
-    return pairs

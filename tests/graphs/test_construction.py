@@ -16,15 +16,15 @@ from hvdtrack.graphs.construction import (
     GraphConfig,
     build_hit_graphs,
     build_hit_graphs_counting_lost,
+)
+from hvdtrack.graphs.pairs import find_candidate_pairs, layer_adjacency, segment_cut_mask
+from hvdtrack.graphs.report import ConstructionReport
+from hvdtrack.graphs.truth import (
     count_lost_segments,
     count_true_segments,
-    find_candidate_pairs,
     group_hits_along_particles,
     label_edges,
-    layer_adjacency,
-    segment_cut_mask,
 )
-from hvdtrack.graphs.report import ConstructionReport
 
 from .conftest import make_event
 
