@@ -35,6 +35,7 @@ from hvdtrack.errors import TrainingError
 from hvdtrack.scaling.energy import EnergyMeter
 from hvdtrack.train import console, elastic, outputs, rundir, timing
 from hvdtrack.train.trainer import Trainer
+from hvdtrack.utils import memory
 
 log = logging.getLogger(console.LOGGER_NAME)
 # SIGTERM (a scheduler's preemption or time limit) and SIGUSR1 (sbatch --signal) ask a run to
@@ -217,6 +218,7 @@ class _Fit:
         bookkeeping_parts = ("checkpoint_s", "records_s", "summaries_s")
         # Already booked to this interval: the previous epoch's records, checkpoint and commit.
         booked = sum(clock.parts[p] for p in bookkeeping_parts)
+        memory.reset_peak()
         train_start = time.perf_counter()
         self.epoch_records_from = len(self.prior_steps)  # this epoch's steps, once gathered
         with clock.part("pipeline_s"):
@@ -353,6 +355,14 @@ class _Fit:
             train_loss=float(np.mean(tally.losses)) if tally.losses else float("nan"),
             val=dict(val) if val else None,
             workers=self.workers.num_replicas,
+            peak_rss_bytes=memory.peak_rss_bytes(),
+            peak_gpu_bytes=max(
+                (
+                    memory.device_peak_bytes(d.name) or 0
+                    for d in tf.config.list_logical_devices("GPU")
+                ),
+                default=None,
+            ),
             **clock.parts,
         )
 

@@ -126,8 +126,8 @@ class Summaries:
         self.writer.flush()
 
     def accounts(self, global_step: int, run: timing.Run, epoch: int) -> None:
-        """Every rank's split of ``epoch`` (gathered records) to TensorBoard; a rest over the
-        limit is also a console warning."""
+        """Every rank's split of ``epoch`` (gathered records) and its peak memory to
+        TensorBoard; a rest over the limit is also a console warning."""
         if not self.chief:
             return
         rows = [r for r in timing.epoch_accounts(run) if r["epoch"] == epoch]
@@ -135,6 +135,11 @@ class Summaries:
             for row in rows:
                 for key in ("wall_s", *timing.EPOCH_PARTS, "wait_s", "rest_s"):
                     tf.summary.scalar(f"epoch_time/rank{row['rank']}/{key}", row[key])
+            for record in run.epochs:
+                for key in ("peak_rss_bytes", "peak_gpu_bytes"):
+                    if getattr(record, key) is not None:
+                        name = f"memory/rank{record.rank}/{key.replace('_bytes', '_gib')}"
+                        tf.summary.scalar(name, getattr(record, key) / 2**30)
         self.writer.flush()
         for row in rows:
             if row["flagged"]:

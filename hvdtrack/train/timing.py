@@ -126,6 +126,10 @@ class EpochRecord:
       records_s: gathering and writing the previous epoch's timing records.
       workers: data-parallel workers that ran the epoch (elastic runs change it; None in
         records written before it was kept).
+      peak_rss_bytes: the highest resident set of this rank's process during the epoch (None
+        where /proc is missing).
+      peak_gpu_bytes: the most bytes TensorFlow's allocator held on any of this rank's GPUs
+        during the epoch (None without GPUs).
     """
 
     epoch: int
@@ -146,6 +150,8 @@ class EpochRecord:
     summaries_s: float
     records_s: float
     workers: Optional[int] = None
+    peak_rss_bytes: Optional[int] = None
+    peak_gpu_bytes: Optional[int] = None
 
     @property
     def rest_s(self) -> float:
@@ -166,6 +172,11 @@ class EpochRecord:
             train_loss=_number(data, "train_loss"),
             val=_metrics(data, "val", optional=True),
             **{part: _seconds(data, part) for part in EPOCH_PARTS},
+            **{
+                key: _int(data, key, optional=True)
+                for key in ("workers", "peak_rss_bytes", "peak_gpu_bytes")
+                if key in data
+            },
         )
 
 

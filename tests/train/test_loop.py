@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from hvdtrack.errors import ConfigError, DataError, TrainingError
+from hvdtrack.train import timing
 from hvdtrack.train.loop import fit
 from hvdtrack.train.trainer import Trainer
 
@@ -46,6 +47,12 @@ def test_run_directory_contents(tiny_config):
         (run / "tensorboard").glob("events.out.tfevents.*")
     )
     assert (run / "checkpoints" / "checkpoint").exists() and (run / "best" / "checkpoint").exists()
+    # Every epoch record keeps its worker count and peak memory through the file; a process
+    # holding TensorFlow and a model peaks above 100 MiB. No GPU here.
+    epochs = timing.read_run(run).epochs
+    assert [e.workers for e in epochs] == [1, 1]
+    assert all(e.peak_rss_bytes > 100 * 2**20 for e in epochs)
+    assert all(e.peak_gpu_bytes is None for e in epochs)
 
 
 def test_resume_continues_exactly(tiny_config):
