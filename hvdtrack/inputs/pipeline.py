@@ -60,6 +60,7 @@ from graph_nets import utils_tf
 from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.inputs.balance import EpochPlan, plan_epoch
 from hvdtrack.inputs.subgraphs import (
+    NODE_PHI_COLUMN,
     SubgraphPlan,
     SubgraphSampling,
     plan_subgraph_epoch,
@@ -491,7 +492,14 @@ def _subgraph_batches(reader: _ShardReader, plan: SubgraphPlan, worker: int) -> 
             ["record ", tf.strings.as_string(index), " of ", tf.gather(reader.names, shard)]
         )
         values, rows = parse_example_batch(serialized[None], where[None], TRAIN_FIELDS)
-        seeds = unit_seed_edges(rows["E"][0], seed, epoch, graph, unit_index, unit_count)
+        sender_phi = (
+            tf.gather(values["nodes"][:, NODE_PHI_COLUMN], values["senders"])
+            if sampling.seed_order == "local"
+            else None
+        )
+        seeds = unit_seed_edges(
+            rows["E"][0], seed, epoch, graph, unit_index, unit_count, sender_phi
+        )
         node_ids, edge_ids, is_seed = sample_subgraph(
             values["senders"],
             values["receivers"],

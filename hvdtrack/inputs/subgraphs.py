@@ -21,7 +21,12 @@ unit's size is its seed count, so steps and workers are balanced on trained edge
 runs the same number of steps, and each unit goes to exactly one worker per epoch. A unit's
 seeds are a slice of a permutation of its graph's edges drawn from (run seed, epoch, graph) by
 stateless random ops (``unit_seed_edges``): identical on every worker, so the workers' seeds
-are disjoint and, over an epoch, cover every edge once; reproducible from the seed.
+are disjoint and, over an epoch, cover every edge once; reproducible from the seed. By default
+(``seed_order: local``) the order is by the azimuth of the edge's sender, from a random angle:
+a unit's seeds then lie in one phi wedge and share most of their neighbourhood. Random seeds
+spread over the graph: on the default config (8 steps, graphs of ~4,700 hits), the 7-hop
+neighbourhood of 256 random seed edges held 89% of a graph's hits; that of 1,024 azimuth-ordered
+seeds about 800 hits and 1,400 edges.
 
 The loss mask rides in the labels. The trainer's loss (``model.loss``) weights an edge by
 ``fake_weight + (true_weight - fake_weight) * label``; non-seed edges get the label
@@ -40,13 +45,16 @@ Public symbols: ``SubgraphConfig``, ``SubgraphSampling``, ``SubgraphPlan``, ``ig
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Literal, Optional
 
 import numpy as np
 
 from hvdtrack.configtools import check
 from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.inputs.balance import EpochPlan, plan_epoch
+
+# Column of the node features holding phi / pi (records.schema: [r/1000, phi/pi, z/1000]).
+NODE_PHI_COLUMN = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +66,10 @@ class SubgraphConfig:
         ``train.batch_graphs`` then counts subgraphs per worker per step.
       seed_edges: seed edges per subgraph (a graph with E edges gives ceil(E / seed_edges)
         subgraphs per epoch, seeds split as evenly as possible).
+      seed_order: how a graph's edges are ordered before they are cut into units. ``local``:
+        by the azimuth of their sender hit, from a random angle per (seed, epoch, graph), so a
+        unit's seeds lie in one phi wedge and share their neighbourhood; ``random``: a random
+        permutation (seeds spread over the graph: their union of neighbourhoods is large).
       hops: message-passing steps the neighbourhood must serve exactly; null: the model's
         ``num_message_passing_steps``.
       max_nodes_per_hop: keep at most this many new nodes (drawn at random) at each hop; null:
@@ -66,6 +78,7 @@ class SubgraphConfig:
 
     enabled: bool = False
     seed_edges: int = 256
+    seed_order: Literal["local", "random"] = "local"
     hops: Optional[int] = None
     max_nodes_per_hop: Optional[int] = None
 
@@ -75,6 +88,11 @@ class SubgraphConfig:
             _positive_int(self.seed_edges),
             "seed_edges",
             f"must be an integer >= 1, got {self.seed_edges!r}",
+        )
+        check(
+            self.seed_order in ("local", "random"),
+            "seed_order",
+            f"must be 'local' or 'random', got {self.seed_order!r}",
         )
         check(
             self.hops is None or _positive_int(self.hops),
@@ -99,6 +117,7 @@ class SubgraphConfig:
             return None
         return SubgraphSampling(
             seed_edges=self.seed_edges,
+            seed_order=self.seed_order,
             hops=self.hops if self.hops is not None else int(num_message_passing_steps),
             max_nodes_per_hop=self.max_nodes_per_hop,
             ignored_label=ignored_label(true_weight, fake_weight),
@@ -114,6 +133,7 @@ class SubgraphSampling:
     hops: int
     max_nodes_per_hop: Optional[int]
     ignored_label: float
+    seed_order: str = "local"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,26 +237,33 @@ def plan_subgraph_epoch(
     )
 
 
-def unit_seed_edges(num_edges, seed, epoch, graph, unit_index, unit_count):
-    """Seed edge ids of one unit: a slice of the graph's edges permuted by (seed, epoch, graph).
+def unit_seed_edges(num_edges, seed, epoch, graph, unit_index, unit_count, sender_phi=None):
+    """Seed edge ids of one unit: a slice of the graph's edges ordered by (seed, epoch, graph).
 
     Args:
       num_edges: scalar int, E of the graph.
-      seed, epoch, graph: scalar ints; the permutation depends on these only.
+      seed, epoch, graph: scalar ints; the order depends on these (and ``sender_phi``) only.
       unit_index, unit_count: scalar ints; the unit takes positions
-        [i * E // n, (i + 1) * E // n) of the permutation.
+        [i * E // n, (i + 1) * E // n) of the order.
+      sender_phi: optional float [E], phi / pi of each edge's sender hit. Given: edges are
+        ordered by azimuth starting from a random angle (``local`` seeds); None: a random
+        permutation.
 
     Returns:
-      int32 [about E / n] edge ids (in permutation order). The units of a graph partition its
-      edges.
+      int32 [about E / n] edge ids (in that order). The units of a graph partition its edges.
     """
     import tensorflow as tf
 
     num_edges = tf.cast(num_edges, tf.int64)
     key = _graph_key(seed, epoch, graph)
-    draws = tf.random.stateless_uniform(
-        tf.reshape(num_edges, [1]), key, minval=None, maxval=None, dtype=tf.int64
-    )
+    if sender_phi is None:
+        draws = tf.random.stateless_uniform(
+            tf.reshape(num_edges, [1]), key, minval=None, maxval=None, dtype=tf.int64
+        )
+    else:
+        start = tf.random.stateless_uniform([], key, dtype=tf.float64)
+        turns = (tf.cast(sender_phi, tf.float64) + 1.0) / 2.0 + start  # phi / 2 pi, rotated
+        draws = turns - tf.floor(turns)
     permutation = tf.argsort(draws, stable=True)
     i, n = tf.cast(unit_index, tf.int64), tf.cast(unit_count, tf.int64)
     start, stop = i * num_edges // n, (i + 1) * num_edges // n

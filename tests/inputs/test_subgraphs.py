@@ -175,7 +175,14 @@ def test_equal_class_weights_are_refused_naming_the_key():
 
 
 @pytest.mark.parametrize(
-    "key, value", [("seed_edges", 0), ("hops", 0), ("max_nodes_per_hop", -1), ("enabled", "yes")]
+    "key, value",
+    [
+        ("seed_edges", 0),
+        ("hops", 0),
+        ("max_nodes_per_hop", -1),
+        ("enabled", "yes"),
+        ("seed_order", "nearest"),
+    ],
 )
 def test_bad_settings_are_refused_naming_the_key(key, value):
     with pytest.raises(ConfigError, match=f"'{key}'"):
@@ -215,6 +222,22 @@ def test_units_of_a_graph_partition_its_edges_reproducibly():
     assert not np.array_equal(np.concatenate(parts), other_epoch)
 
 
+def test_local_units_are_azimuth_wedges_that_move_every_epoch():
+    rng = np.random.default_rng(2)
+    phi = rng.permutation(np.linspace(-0.95, 0.95, 12))  # sender phi / pi of 12 edges
+    rank = np.argsort(np.argsort(phi))  # position of each edge in azimuth order
+    firsts = set()
+    for epoch in range(4):
+        parts = [unit_seed_edges(12, 1, epoch, 0, i, 3, phi).numpy() for i in range(3)]
+        assert sorted(np.concatenate(parts).tolist()) == list(range(12))
+        for part in parts:
+            # 4 consecutive edges in azimuth, around the circle.
+            offsets = sorted((rank[part] - rank[part[0]]) % 12)
+            assert offsets == [0, 1, 2, 3]
+        firsts.add(int(rank[parts[0][0]]))
+    assert len(firsts) > 1  # the cut points move from epoch to epoch
+
+
 # ------------------------------------------------------------------------ the pipeline
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
@@ -251,7 +274,8 @@ def dataset(tmp_path_factory):
 
 def expected_subgraph(graph: HitGraph, plan, unit):
     g, i, n = (int(a[unit]) for a in (plan.unit_graph, plan.unit_index, plan.unit_count))
-    seeds = unit_seed_edges(graph.num_edges, plan.seed, plan.epoch, g, i, n)
+    phi = graph.nodes[graph.senders, 1] if plan.sampling.seed_order == "local" else None
+    seeds = unit_seed_edges(graph.num_edges, plan.seed, plan.epoch, g, i, n, phi)
     node_ids, edge_ids, is_seed = (
         t.numpy()
         for t in sample_subgraph(graph.senders, graph.receivers, graph.num_nodes, seeds, 2)
