@@ -2,7 +2,7 @@
 
 construct    graph construction time for a full-size event (numpy, one core)
 read         TFRecord read throughput of the training pipeline (graphs/s, edges/s)
-model        training-step throughput, achieved FLOP/s against a dense matmul, dense baseline
+model        the Trainer's training step: time, share of the matmul rate, op breakdown, memory
 distributed  strong-scaling efficiency of horovodrun -np 2 vs -np 1, and Horovod's overhead
 """
 

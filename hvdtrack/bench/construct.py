@@ -4,7 +4,7 @@
     python -m hvdtrack.bench.construct --repeats 7 --json construct.json
     python -m hvdtrack.bench construct --compare-real [--events 2]   # synthetic vs real table
 
-Generates one full default synthetic event (10,000 particles, ~100k hits), then times, each as
+Generates one full default synthetic event (6,000 primaries, ~100k hits), then times, each as
 the median (min, max) of ``--repeats`` runs after one warm-up run: ``generate_event``;
 ``write_event`` and ``read_event`` for plain and gzip CSVs; and ``build_hit_graphs`` for
 (a) the default construction (barrel only, pT > 1 GeV), also cut into 8 x 2 sections, and
@@ -46,6 +46,8 @@ GOAL_SECONDS = 2.0
 CONSTRUCTIONS = {
     "barrel, pT > 1 GeV (default)": GraphConfig(),
     "barrel, pT > 1 GeV, 8 x 2 sections": GraphConfig(n_phi_sections=8, n_eta_sections=2),
+    # configs/barrel_pt05.yaml: the looser phi slope keeps 99% of the pT > 0.5 GeV segments.
+    "barrel, pT > 0.5 GeV, phi slope 0.0008": GraphConfig(pt_min=0.5, phi_slope_max=0.0008),
     "whole detector, pT > 1 GeV": GraphConfig(barrel_only=False),
     "whole detector, no pT cut (all hits)": GraphConfig(barrel_only=False, pt_min=0.0),
     # A looser phi slope (pT >~ 0.2 GeV at the first layers) for graphs meant for all particles.

@@ -227,6 +227,9 @@ def _step_fn(trainer, graphs, labels) -> Callable[[], object]:
 def synthetic_graph(num_nodes: int, num_edges: int, seed: int = 0):
     """A random one-graph ``GraphsTuple`` (features N(0, 1), endpoints uniform) and 0/1 labels.
 
+    Edges are in the order graph construction gives them (``build_hit_graph``): by sender, then
+    receiver; the sender-side gathers and segment sums see sorted indices, as in training.
+
     Returns:
       (graphs, labels): nodes float32 [N, 3], edges float32 [E, 4], senders / receivers int32
       [E], globals zeros [1, 1]; labels float32 [E] (1 where the first edge feature is > 0).
@@ -236,11 +239,13 @@ def synthetic_graph(num_nodes: int, num_edges: int, seed: int = 0):
 
     rng = np.random.default_rng(seed)
     edges = rng.standard_normal((num_edges, NUM_EDGE_FEATURES), dtype=np.float32)
+    senders, receivers = rng.integers(0, num_nodes, (2, num_edges), dtype=np.int32)
+    order = np.argsort(senders.astype(np.int64) * num_nodes + receivers, kind="stable")
     graph = dict(
         nodes=rng.standard_normal((num_nodes, NUM_NODE_FEATURES), dtype=np.float32),
         edges=edges,
-        senders=rng.integers(0, num_nodes, num_edges, dtype=np.int32),
-        receivers=rng.integers(0, num_nodes, num_edges, dtype=np.int32),
+        senders=senders[order],
+        receivers=receivers[order],
         globals=np.zeros(1, np.float32),
     )
     graphs = utils_tf.data_dicts_to_graphs_tuple([graph])

@@ -131,3 +131,26 @@ class Adam(tf.Module):
                 var.assign_sub(lr_t * m / (tf.sqrt(v) + self.epsilon))
             self.step.assign_add(1)
         return norm
+
+
+class LossScale(tf.Module):
+    """Dynamic loss scaling for float16 compute: gradients of ``loss * scale`` keep small values
+    representable; a step whose gradients overflow is skipped and the scale halved, and after
+    ``period`` finite steps in a row the scale doubles.
+    """
+
+    def __init__(self, initial: float = 2.0**15, period: int = 2000, name: str = "loss_scale"):
+        super().__init__(name=name)
+        self.period = period
+        self.scale = tf.Variable(initial, dtype=tf.float32, trainable=False, name="scale")
+        self.finite_steps = tf.Variable(0, dtype=tf.int64, trainable=False, name="finite_steps")
+
+    def update(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
+        """Adjusts the scale after a step's (unscaled) ``grads``; True if they were all finite."""
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+        grown = self.finite_steps + 1 >= self.period
+        self.scale.assign(
+            tf.where(finite, tf.where(grown, 2.0 * self.scale, self.scale), 0.5 * self.scale)
+        )
+        self.finite_steps.assign(tf.where(finite & ~grown, self.finite_steps + 1, 0))
+        return finite

@@ -31,10 +31,11 @@ from hvdtrack.inputs import pipeline
 from hvdtrack.inputs.balance import EpochPlan
 from hvdtrack.model.classifier import SegmentClassifier
 from hvdtrack.model.loss import weighted_bce_per_edge, weighted_bce_terms
+from hvdtrack.model.precision import cpu_flags, unsupported_reason
 from hvdtrack.records.manifest import MANIFEST_NAME, open_dataset
 from hvdtrack.train import metrics as metrics_lib
 from hvdtrack.train.distribute import Workers, make_workers
-from hvdtrack.train.optimizer import Adam, Schedule, scaled_learning_rate
+from hvdtrack.train.optimizer import Adam, LossScale, Schedule, scaled_learning_rate
 
 EPS = 1e-12
 # What a rank can ask of all ranks through a step's exchange (a vector of flags, summed).
@@ -71,6 +72,10 @@ class Trainer:
     def __init__(self, config: Config, workers: Workers | None = None, *, dataset: bool = True):
         self.config = config
         self.workers = workers or make_workers(config.distributed)
+        has_gpu = bool(tf.config.list_logical_devices("GPU"))
+        reason = unsupported_reason(config.model.precision, has_gpu, cpu_flags())
+        if reason:
+            raise ConfigError(reason)
         self.dataset_dir = Path(config.data.dataset_dir)
         tc, dc = config.train, config.distributed
         self._plan: EpochPlan | None = None
@@ -101,6 +106,8 @@ class Trainer:
             self.model(pipeline.placeholder_graph())  # Sonnet creates variables lazily
             self.variables = list(self.model.trainable_variables)
             self.optimizer.build(self.variables)
+            # float16 gradients underflow without it (bfloat16 has float32's range).
+            self.loss_scale = LossScale() if config.model.precision == "float16" else None
             self.accumulators = (
                 [
                     tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="accumulate")
@@ -111,11 +118,13 @@ class Trainer:
             )
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         self.step_in_epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="step_in_epoch")
+        scaling = dict(loss_scale=self.loss_scale) if self.loss_scale else {}
         self.checkpoint = tf.train.Checkpoint(
             model=self.model,
             optimizer=self.optimizer,
             epoch=self.epoch,
             step_in_epoch=self.step_in_epoch,
+            **scaling,
         )
         self._build_steps()
 
@@ -166,11 +175,13 @@ class Trainer:
 
     def state_variables(self) -> list[tf.Variable]:
         """Everything a worker needs to continue the run: weights, Adam, position."""
+        scaling = [self.loss_scale.scale, self.loss_scale.finite_steps] if self.loss_scale else []
         return (
             self.variables
             + self.optimizer.m
             + self.optimizer.v
             + [self.optimizer.step, self.epoch, self.step_in_epoch]
+            + scaling
         )
 
     # ----------------------------------------------------------------------------- planning
@@ -232,12 +243,16 @@ class Trainer:
     def _local_terms(self, graphs, labels):
         """(loss sum, weight sum, gradients of the loss sum) of one replica's batch."""
         tc = self.config.train
+        scale = self.loss_scale.scale if self.loss_scale else None
         with tf.GradientTape() as tape:
             logits = self.model(graphs)
             loss_sum, weight_sum = weighted_bce_terms(
                 logits, labels, tc.true_weight, tc.fake_weight
             )
-        grads = tape.gradient(loss_sum, self.variables)
+            target = loss_sum if scale is None else loss_sum * scale
+        grads = tape.gradient(target, self.variables)
+        if scale is not None:
+            grads = [None if g is None else tf.convert_to_tensor(g) / scale for g in grads]
         # Sonnet-style optimizers expect every variable: no gradient means a zero update.
         grads = [
             tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
@@ -289,7 +304,15 @@ class Trainer:
 
     def _replica_apply(self, *grads):
         lr = self.optimizer.learning_rate()
-        return [self.optimizer.apply(list(grads), self.variables), lr]
+        if self.loss_scale is None:
+            return [self.optimizer.apply(list(grads), self.variables), lr]
+        # float16: a step whose gradients overflowed is skipped (reported with norm 0) and the
+        # loss scale lowered; every replica sees the same reduced gradients, so all skip alike.
+        finite = self.loss_scale.update(grads)
+        norm = tf.cond(
+            finite, lambda: self.optimizer.apply(list(grads), self.variables), lambda: 0.0
+        )
+        return [norm, lr]
 
     def compile(self) -> float:
         """Traces the step's compiled parts now (no op runs), so that no step times a trace;

@@ -30,6 +30,7 @@ def test_reset_lowers_the_peak_to_what_is_resident_now():
     assert memory.peak_rss_bytes() < memory.rss_bytes() + 64 * 2**20
 
 
+@pytest.mark.slow  # a fresh TensorFlow process: ~10 s, more on a loaded machine
 def test_memory_table_measures_each_size_in_a_fresh_process(tmp_path, capsys):
     out = tmp_path / "memory.json"
     code = bench.main(

@@ -1,0 +1,64 @@
+"""model.recompute gives the plain gradients; model.precision computes in another dtype."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvdtrack import configtools
+from hvdtrack.errors import ConfigError
+from hvdtrack.model import ModelConfig, SegmentClassifier, weighted_bce
+from tests.model.conftest import TINY
+from tests.model.test_classifier import copy_weights
+
+
+def loss_and_gradients(model, graphs, labels, compiled):
+    def run():
+        with tf.GradientTape() as tape:
+            loss = weighted_bce(model(graphs), labels)
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    return tf.function(run)() if compiled else run()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("factorized", [False, True])
+def test_recomputed_gradients_equal_plain_ones(graphs, compiled, factorized):
+    config = dataclasses.replace(TINY, layer_norm=True, factorized_edge_update=factorized)
+    labels = tf.constant([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
+    plain = SegmentClassifier(config)
+    recomputed = SegmentClassifier(dataclasses.replace(config, recompute=True))
+    plain(graphs), recomputed(graphs)
+    copy_weights(plain, recomputed)
+    loss_a, grads_a = loss_and_gradients(plain, graphs, labels, compiled)
+    loss_b, grads_b = loss_and_gradients(recomputed, graphs, labels, compiled)
+    assert float(loss_a) == pytest.approx(float(loss_b), rel=1e-6)
+    assert len(grads_a) == len(grads_b) == len(plain.trainable_variables)
+    for a, b in zip(grads_a, grads_b):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_bfloat16_keeps_float32_variables_and_logits_close_to_float32(graphs):
+    plain = SegmentClassifier(TINY)
+    low = SegmentClassifier(dataclasses.replace(TINY, precision="bfloat16"))
+    plain(graphs), low(graphs)
+    copy_weights(plain, low)
+    assert {v.dtype for v in low.trainable_variables} == {tf.float32}
+    for a, b in zip(plain(graphs), low(graphs)):
+        assert b.dtype == tf.float32
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(recompute="yes"), "'model.recompute' must be true or false"),
+        (dict(precision="float8"), "'model.precision' must be one of 'float32', 'bfloat16'"),
+    ],
+)
+def test_bad_switches_are_rejected_naming_the_key(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        configtools.from_mapping(ModelConfig, changes, where="model")
