@@ -13,7 +13,8 @@
 # HVDTRACK_SLURMCTLD_PORT and HVDTRACK_SLURMD_PORT (default 6817, 6818) let a second cluster, e.g.
 # the tests', run beside one already up. `start` prints one line on stdout, `export SLURM_CONF=...`; progress goes to stderr.
 # The settings that matter for the tests: AuthInfo=cred_expire=20 (a requeued job restarts after
-# ~25 s rather than ~2 min), JobRequeue=1, SchedulerParameters=sched_interval=5, no accounting.
+# ~25 s rather than ~2 min), JobRequeue=1, SchedulerParameters=sched_interval=5, KillWait=10,
+# OverTimeLimit=1, no accounting.
 set -euo pipefail
 
 dir="${HVDTRACK_SLURM_DIR:-/tmp/hvdtrack-slurm}"
@@ -96,6 +97,10 @@ JobRequeue=1
 # rank whose peer died (it takes srun's TERM as a request to checkpoint and may wait in a
 # collective that never completes) is ended sooner.
 KillWait=10
+# A job over its time limit is ended 1 minute later (OverTimeLimit is in minutes): time enough,
+# on a loaded machine, for ranks signalled just before a --time=1 limit to checkpoint and the
+# job to requeue itself. SLURM checks limits (and sends --signal) every 30 s.
+OverTimeLimit=1
 $node State=UNKNOWN
 PartitionName=debug Nodes=$name Default=YES MaxTime=INFINITE State=UP
 EOF

@@ -14,8 +14,8 @@ Definitions (t1: time on 1 worker, tN: time on N workers):
 
 Public symbols: ``step_statistics``, ``run_step_statistics``, ``step_times``,
 ``epoch_step_time``, ``epoch_times``, ``epoch_time``, ``epoch_time_includes_warmup``,
-``epoch_work``, ``speedup``, ``strong_efficiency``, ``weak_efficiency``, ``throughput``,
-``throughput_per_worker``, ``cost_per_epoch``, ``energy_per_epoch``.
+``epoch_work``, ``speedup``, ``strong_efficiency``, ``weak_efficiency``, ``efficiency``,
+``throughput``, ``cost_per_epoch``, ``energy_per_epoch``.
 """
 
 from __future__ import annotations
@@ -33,18 +33,8 @@ STEP_FIELDS = ("data_s", "compute_s", "exchange_s", "total_s")
 
 
 def step_statistics(values: Sequence[float] | np.ndarray) -> dict[str, float]:
-    """Summary of a sample of times.
-
-    Args:
-      values: float array [n], n >= 1.
-
-    Returns:
-      ``{"mean", "std", "min", "max", "median", "count"}``; ``std`` is the sample standard
-      deviation (ddof=1), 0.0 for a single value.
-
-    Raises:
-      DataError: ``values`` is empty (e.g. every step was warm-up).
-    """
+    """``{"mean", "std", "min", "max", "median", "count"}`` of times [n]; ``std`` is the sample
+    standard deviation (ddof=1), 0.0 for one value. DataError when empty (all steps warm-up)."""
     x = np.asarray(values, dtype=np.float64).ravel()
     if x.size == 0:
         raise DataError(
@@ -73,16 +63,8 @@ def run_step_statistics(run: Run, field: str = "total_s") -> dict[str, float]:
 
 
 def step_times(run: Run, field: str = "total_s", include_warmup: bool = False) -> np.ndarray:
-    """Per-step times of a run, the slowest rank's for each step.
-
-    Args:
-      run: the run.
-      field: "total_s", "data_s", "compute_s" or "exchange_s".
-      include_warmup: keep steps that any rank marked warm-up.
-
-    Returns:
-      float64 [num_steps], ordered by (epoch, step).
-    """
+    """The slowest rank's ``field`` (one of ``STEP_FIELDS``) of each step, float64 [num_steps]
+    by (epoch, step), without steps any rank marked warm-up unless ``include_warmup``."""
     if field not in STEP_FIELDS:
         raise ValueError(f"field must be one of {', '.join(STEP_FIELDS)}, got {field!r}")
     steps = _slowest_steps(run)
@@ -103,24 +85,14 @@ def epoch_step_time(run: Run, warmup_epochs: int = 1) -> float:
 
 
 def epoch_times(run: Run) -> np.ndarray:
-    """Time of each whole epoch: the maximum over ranks of the ranks' epoch times (an epoch
-    resumed mid-way, whose record holds fewer than ``steps_per_epoch`` steps, is left out).
-
-    Returns:
-      float64 [num_epochs], ordered by epoch index.
-    """
+    """Time of each whole epoch, float64 [num_epochs]: the maximum over ranks of their epoch
+    times (an epoch resumed mid-way, with fewer than ``steps_per_epoch`` steps, is left out)."""
     return _whole_epochs(run).groupby("epoch")["time_s"].max().to_numpy(dtype=np.float64)
 
 
 def epoch_time(run: Run, warmup_epochs: int = 1) -> float:
-    """The run's time per epoch: the median of ``epoch_times`` after ``warmup_epochs`` epochs.
-
-    When the run has no more than ``warmup_epochs`` epochs, all of them are used (see
-    ``epoch_time_includes_warmup``).
-
-    Raises:
-      DataError: the run has no epoch records.
-    """
+    """The median of ``epoch_times`` after ``warmup_epochs`` epochs (all of them when there are
+    no more: ``epoch_time_includes_warmup``); DataError without epoch records."""
     times = epoch_times(run)
     if times.size == 0:
         raise DataError(
@@ -135,11 +107,8 @@ def epoch_time_includes_warmup(run: Run, warmup_epochs: int = 1) -> bool:
 
 
 def epoch_work(run: Run, warmup_epochs: int = 1) -> dict[str, float]:
-    """Graphs, edges and steps of one epoch, summed over ranks (median over the timed epochs).
-
-    Returns:
-      ``{"graphs", "edges", "steps"}``; steps are per rank (the maximum over ranks).
-    """
+    """``{"graphs", "edges", "steps"}`` of one epoch (median over the timed epochs), graphs and
+    edges summed over ranks, steps per rank (the maximum)."""
     if not run.epochs:
         raise DataError(
             f"{run.path}: no epoch records in timing.jsonl; did the run finish an epoch?"
@@ -171,14 +140,13 @@ def weak_efficiency(t1: float, tn: float) -> float:
     return t1 / tn
 
 
-def throughput(items: float, seconds: float) -> float:
-    """Items (graphs, edges) per second over all workers."""
-    _positive(seconds=seconds)
-    return items / seconds
+def efficiency(mode: str, t1: float, tn: float, n: int) -> float:
+    """``strong_efficiency`` or ``weak_efficiency`` as ``mode`` says."""
+    return strong_efficiency(t1, tn, n) if mode == "strong" else weak_efficiency(t1, tn)
 
 
-def throughput_per_worker(items: float, seconds: float, num_workers: int) -> float:
-    """Items per second per worker."""
+def throughput(items: float, seconds: float, num_workers: int = 1) -> float:
+    """Items (graphs, edges) per second over all workers, or per worker of ``num_workers``."""
     _positive(seconds=seconds, num_workers=num_workers)
     return items / seconds / num_workers
 

@@ -16,71 +16,50 @@ if TYPE_CHECKING:
 
 
 def speedup_efficiency(report: ScalingReport, path: Path) -> None:
-    ns = [r.n for r in report.rows]
+    t, ns = report.table, list(report.table["n"])
     fig, (left, right) = _figure(2)
-    label = "speedup t1/tN" if report.mode == "strong" else "scaled speedup N t1/tN"
-    left.plot(ns, [r.speedup for r in report.rows], "o-", label="measured")
+    left.plot(ns, t["speedup"], "o-", label="measured")
     left.plot(ns, ns, "k--", label="ideal (N)")
     left.set_yscale("log", base=2)
-    left.set_yticks(ns)
-    left.set_yticklabels([str(n) for n in ns])
-    left.set_ylabel(label)
-    right.plot(ns, [r.efficiency for r in report.rows], "o-", label="measured")
+    left.set_yticks(ns, [str(n) for n in ns])
+    left.set_ylabel("speedup t1/tN" if report.mode == "strong" else "scaled speedup N t1/tN")
+    right.plot(ns, t["efficiency"], "o-", label="measured")
     right.axhline(1.0, color="k", linestyle="--", label="ideal")
-    right.set_ylim(0, max(1.1, max(r.efficiency for r in report.rows) * 1.1))
+    right.set_ylim(0, max(1.1, t["efficiency"].max() * 1.1))
     right.set_ylabel(f"{report.mode}-scaling efficiency")
     _finish(fig, report, (left, right), ns, path)
 
 
 def time_cost(report: ScalingReport, path: Path) -> None:
-    ns = [r.n for r in report.rows]
+    t, ns = report.table, list(report.table["n"])
     fig, (left, right) = _figure(2)
-    left.plot(ns, [r.epoch_s for r in report.rows], "o-", label="measured")
-    t1 = report.rows[0].epoch_s
+    left.plot(ns, t["epoch_s"], "o-", label="measured")
+    right.plot(ns, t["cost_per_epoch"], "o-", label="measured")
     if report.mode == "strong":
-        left.plot(ns, [t1 / n for n in ns], "k--", label="ideal t1/N")
+        left.plot(ns, [t["epoch_s"][0] / n for n in ns], "k--", label="ideal t1/N")
+        right.plot(ns, [t["cost_per_epoch"][0]] * len(ns), "k--", label="ideal (constant)")
     left.set_ylabel("time per epoch (s)")
-    right.plot(ns, [r.cost_per_epoch for r in report.rows], "o-", label="measured")
-    if report.mode == "strong":
-        right.plot(ns, [report.rows[0].cost_per_epoch] * len(ns), "k--", label="ideal (constant)")
     right.set_ylabel(f"cost per epoch ($; ${report.scaling.price_per_device_hour:g}/device-hour)")
     _finish(fig, report, (left, right), ns, path)
 
 
 def prediction(report: ScalingReport, path: Path) -> None:
     fig, (ax,) = _figure(1)
-    measured = [r.n for r in report.rows]
+    measured = list(report.table["n"])
     ns = list(measured)
-    if report.prediction is not None:
-        for name, preds in report.prediction["efficiency"].items():
-            pn = [p["n"] for p in preds]
-            ax.plot(pn, [p["efficiency"] for p in preds], ".-", label=f"model: {name}")
-            ns += pn
-        val = report.validation
-        if val:
-            ax.plot(
-                [v.n for v in val],
-                [v.predicted_efficiency for v in val],
-                "x",
-                color="C3",
-                ms=9,
-                label=f"model for the runs here ({val[0].network})",
-            )
-    ax.plot(measured, [r.efficiency for r in report.rows], "o", color="k", label="measured here")
+    for name, preds in (report.prediction or {}).get("efficiency", {}).items():
+        ns += [p["n"] for p in preds]
+        ax.plot([p["n"] for p in preds], [p["efficiency"] for p in preds], ".-", label=name)
+    if report.validation:
+        v = report.validation
+        label = f"model for the runs here ({v[0].network})"
+        ax.plot([x.n for x in v], [x.predicted_efficiency for x in v], "x", ms=9, label=label)
+    ax.plot(measured, report.table["efficiency"], "o", color="k", label="measured here")
     ax.axhline(1.0, color="k", linestyle="--", linewidth=0.8)
     ax.set_ylim(0, 1.1)
     ax.set_ylabel(f"{report.mode}-scaling efficiency")
-    _log2_axis(ax, sorted(set(ns)))
-    ax.legend(fontsize=7)
     ax.set_title("Predicted efficiency (ring allreduce model)")
-    _save(fig, path)
-
-
-PLOTTERS = {
-    "speedup_efficiency": speedup_efficiency,
-    "time_cost": time_cost,
-    "prediction": prediction,
-}
+    _finish(fig, report, (ax,), sorted(set(ns)), path, fontsize=7)
 
 
 def _figure(ncols: int):
@@ -89,22 +68,20 @@ def _figure(ncols: int):
     return fig, fig.subplots(1, ncols, squeeze=False)[0]
 
 
-def _finish(fig: Any, report: ScalingReport, axes: Sequence[Any], ns: list[int], path: Path):
+def _finish(
+    fig: Any,
+    report: ScalingReport,
+    axes: Sequence[Any],
+    ns: list[int],
+    path: Path,
+    fontsize: Any = None,
+) -> None:
     for ax in axes:
-        _log2_axis(ax, ns)
-        ax.legend()
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.set_xlabel("workers N")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=fontsize)
     fig.suptitle(f"{report.mode.capitalize()} scaling: {report.config_name}")
-    _save(fig, path)
-
-
-def _save(fig: Any, path: Path) -> None:
     with atomic_write(path, "wb") as f:
         fig.savefig(f, format="png", dpi=110)
-
-
-def _log2_axis(ax: Any, ns: Sequence[int]) -> None:
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(list(ns))
-    ax.set_xticklabels([str(n) for n in ns])
-    ax.set_xlabel("workers N")
-    ax.grid(True, alpha=0.3)

@@ -76,15 +76,8 @@ PRESETS: dict[str, NetworkModel] = {
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-    """The modelled step of N workers.
-
-    Attributes:
-      n: workers.
-      compute_s: per-worker compute per step (t_c, or t_c / N for strong scaling).
-      allreduce_s: ring allreduce time t(N).
-      step_s: compute_s + allreduce_s.
-      efficiency: strong or weak scaling efficiency.
-    """
+    """The modelled step of N workers: compute per worker (t_c, or t_c / N for strong scaling),
+    the ring allreduce t(N), their sum and the resulting efficiency."""
 
     n: int
     compute_s: float
@@ -95,17 +88,9 @@ class Prediction:
 
 @dataclasses.dataclass(frozen=True)
 class Validation:
-    """A measured run against the model's prediction for it.
-
-    Attributes:
-      n: workers of the measured run.
-      network: name of the network model used.
-      predicted_step_s, measured_step_s: step times (median, slowest rank).
-      predicted_efficiency, measured_efficiency: step-time-based efficiency.
-      relative_error: (predicted - measured) / measured efficiency.
-      predicted_allreduce_s: the model's t(N).
-      measured_exchange_s: median measured exchange time (slowest rank).
-    """
+    """A measured run of N workers against the model's prediction for it over ``network``:
+    step times (median, slowest rank), efficiencies on step times, the relative error of the
+    predicted efficiency, the model's allreduce and the median measured exchange."""
 
     n: int
     network: str
@@ -147,18 +132,8 @@ def predict_scaling(
     mode: str,
     ns: Sequence[int] = DEFAULT_NS,
 ) -> list[Prediction]:
-    """Modelled step time and efficiency for each worker count in ``ns``.
-
-    Args:
-      step_compute_s: single-worker step time without the exchange, seconds.
-      gradient_bytes: bytes allreduced per step.
-      network: the link model.
-      mode: "strong" (global batch fixed) or "weak" (batch per worker fixed).
-      ns: worker counts.
-
-    Returns:
-      One ``Prediction`` per N, in the order of ``ns``.
-    """
+    """One ``Prediction`` per N in ``ns`` from the single-worker step without the exchange
+    (seconds) and the bytes allreduced per step; ``mode`` "strong" or "weak"."""
     if mode not in ("strong", "weak"):
         raise ValueError(f"mode must be 'strong' or 'weak', got {mode!r}")
     if not step_compute_s > 0:
@@ -168,11 +143,7 @@ def predict_scaling(
         compute = step_compute_s / n if mode == "strong" else step_compute_s
         allreduce = ring_allreduce_time(gradient_bytes, n, network)
         step = compute + allreduce
-        efficiency = (
-            maths.strong_efficiency(step_compute_s, step, n)
-            if mode == "strong"
-            else maths.weak_efficiency(step_compute_s, step)
-        )
+        efficiency = maths.efficiency(mode, step_compute_s, step, n)
         out.append(Prediction(n, compute, allreduce, step, efficiency))
     return out
 
@@ -190,16 +161,9 @@ def network_from_config(config: ScalingConfig) -> NetworkModel:
 
 
 def baseline_inputs(run: Run) -> tuple[float, int, str]:
-    """The model's inputs from a single-worker run.
-
-    Returns:
-      (step_compute_s, gradient_bytes, note): the median over non-warm-up steps of
-      ``total_s - exchange_s``, the gradient bytes from
-      run.json (else 4 bytes x num_params, said in the note).
-
-    Raises:
-      DataError: the run is not single-worker, has no timed steps, or no size information.
-    """
+    """(step_compute_s, gradient_bytes, note) of a single-worker run: the median over non-warm-up
+    steps of ``total_s - exchange_s``, and run.json's gradient bytes (else 4 x num_params, said
+    in the note). DataError for a multi-worker run, no timed steps or no size information."""
     if run.num_workers != 1:
         raise DataError(
             f"{run.path}: the model needs the single-worker run, this one has N={run.num_workers}"
@@ -227,19 +191,8 @@ def validate_against(
     mode: str,
     network: NetworkModel = PRESETS["shared-memory"],
 ) -> list[Validation]:
-    """Predicts every measured multi-worker run from the single-worker one and compares.
-
-    Args:
-      runs: finished runs of one sweep; one must have N=1.
-      mode: "strong" or "weak".
-      network: the link the measured runs used (default: this machine's shared memory).
-
-    Returns:
-      One ``Validation`` per run with N > 1, by N.
-
-    Raises:
-      DataError: no single-worker run, or a run without timed steps.
-    """
+    """One ``Validation`` per run with N > 1 of a sweep (by N), each predicted from the N=1 run
+    over ``network``, the link the measured runs used. DataError without an N=1 run."""
     baseline = [r for r in runs if r.num_workers == 1]
     if not baseline:
         raise DataError(
@@ -255,11 +208,7 @@ def validate_against(
             continue
         (pred,) = predict_scaling(compute_s, gradient_bytes, network, mode, ns=(n,))
         tn = maths.run_step_statistics(run)["median"]
-        measured = (
-            maths.strong_efficiency(t1, tn, n)
-            if mode == "strong"
-            else maths.weak_efficiency(t1, tn)
-        )
+        measured = maths.efficiency(mode, t1, tn, n)
         out.append(
             Validation(
                 n=n,

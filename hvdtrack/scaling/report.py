@@ -1,34 +1,24 @@
 """Reports from finished runs, every file written atomically: one run's report, or a sweep's.
 
-- One run (``write_summary``; the main job writes it for its run): ``summary.md`` and
-  ``summary.json`` with the epochs, step statistics, throughput, cost and energy, and where each
-  epoch's time went: every epoch of every rank split into ``hvdtrack.train.timing.EPOCH_PARTS``
-  plus the wait at the gradient exchange, an epoch flagged when its unaccounted rest exceeds
-  ``timing.REST_LIMIT`` of its wall time.
-- Several runs of one sweep (``build_report``, ``write_report``): ``REPORT_FILES``, the
-  strong- or weak-scaling tables in Markdown, CSV and JSON, the predictions beyond this machine
-  and the PNG plots (the text is drawn by ``scaling.tables``, the plots by ``scaling.plots``).
+- One run (``write_summary``): ``summary.md`` and ``summary.json``: epochs, step statistics,
+  throughput, cost, energy, and where each epoch of each rank went
+  (``hvdtrack.train.timing.epoch_accounts``, flagged over ``timing.REST_LIMIT`` unaccounted).
+- A sweep (``build_report``, ``write_report``): ``REPORT_FILES``, the strong- or weak-scaling
+  table in Markdown (``scaling.tables``), CSV and JSON, predictions beyond this machine and the
+  plots (``scaling.plots``).
 
-Both price and power the runs with one ``ScalingConfig``: the ``scaling`` section of the
-(baseline) run's config, whose defaults are the only ones. What must match between the runs of
-one sweep report (else ConfigError naming the key and the runs):
+Prices and power come from one ``ScalingConfig``: the (baseline) run's ``scaling`` section with
+the command line's overrides. The runs of one sweep report must share the resolved config (run.json
+``config``, else ``config_hash``) except ``VARYING_KEYS``, and the global batch (strong) or the
+per-worker batch (weak); else ConfigError naming the key and the runs.
 
-- both modes: the resolved config (run.json ``config``) except ``VARYING_KEYS``: the run
-  directory, the per-worker batch (set per N by the sweep), logging/progress/resume switches
-  and the ``scaling`` section (it only prices the report). Without ``config`` in run.json the
-  ``config_hash`` must match instead.
-- strong: the global batch (``global_batch_graphs``) is the same for every N.
-- weak: the per-worker batch (``batch_graphs``) is the same for every N.
+Measures (``hvdtrack.scaling.maths``): epoch s is the median over timed epochs of the slowest
+rank's epoch time, batch s the median over non-warm-up steps of the slowest rank's step. Strong
+speedup and efficiency use epoch s; weak efficiency uses batch s, as the work per worker per step
+is what weak scaling holds fixed (epoch times also depend on the sharding).
 
-Measures (see ``hvdtrack.scaling.maths``): epoch s is the median over timed epochs of the
-slowest rank's epoch time; batch s the median over non-warm-up steps of the slowest rank's step.
-Strong speedup and efficiency use epoch s. Weak efficiency uses batch s, because the work per
-worker per step is what weak scaling holds fixed (epoch times also depend on how the data are
-sharded); with equal data per worker the two agree.
-
-Public symbols: ``ScalingRow``, ``ScalingReport``, ``load_runs``, ``build_report``,
-``write_report``, ``render_markdown``, ``summarize``, ``write_summary``, ``VARYING_KEYS``,
-``REPORT_FILES``.
+Public symbols: ``ScalingReport``, ``load_runs``, ``build_report``, ``write_report``,
+``summarize``, ``write_summary``, ``VARYING_KEYS``, ``REPORT_FILES``.
 """
 
 from __future__ import annotations
@@ -46,7 +36,6 @@ from hvdtrack import configtools
 from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.scaling import maths, predict
 from hvdtrack.scaling.config import ScalingConfig
-from hvdtrack.scaling.tables import render_markdown, render_summary
 from hvdtrack.train import timing
 from hvdtrack.train.timing import Run, flatten_config, read_run
 from hvdtrack.utils.io import atomic_write, write_json
@@ -64,49 +53,34 @@ VARYING_KEYS = (
 )
 PLOTS = ("speedup_efficiency", "time_cost", "prediction")
 REPORT_FILES = ("report.md", "scaling.csv", "scaling.json", *(f"{p}.png" for p in PLOTS))
-
-
-@dataclasses.dataclass(frozen=True)
-class ScalingRow:
-    """One run's line in the tables (times in seconds, cost in dollars, energy in joules)."""
-
-    n: int
-    run_dir: str
-    batch_graphs: int
-    global_batch_graphs: int
-    epoch_s: float
-    epoch_includes_warmup: bool
-    batch_s: float
-    batch_std_s: float
-    batch_min_s: float
-    batch_max_s: float
-    timed_steps: int
-    data_s: float
-    exchange_s: float
-    speedup: float
-    efficiency: float
-    graphs_per_s: float
-    graphs_per_s_per_worker: float
-    edges_per_s: float
-    devices: int
-    cost_per_epoch: float
-    power_watts: float
-    energy_per_epoch_j: float
-    energy_source: str
-    val_loss: Optional[float]
-    auc: Optional[float]
-    edge_efficiency: Optional[float]
-    purity: Optional[float]
-    accuracy: Optional[float]
+# Column of the report's table -> key of run.json's final validation metrics.
+METRICS = {
+    "val_loss": "loss",
+    "auc": "auc",
+    "edge_efficiency": "efficiency",
+    "purity": "purity",
+    "accuracy": "accuracy",
+}
+DEFINITIONS = {
+    "epoch_s": "median over timed epochs of the slowest rank's epoch time",
+    "batch_s": "median over non-warm-up steps of the slowest rank's step time",
+    "speedup": {"strong": "t1/tN on epoch_s", "weak": "N * efficiency"},
+    "efficiency": {"strong": "t1/(N tN) on epoch_s", "weak": "t1/tN on batch_s"},
+    "cost_per_epoch": "devices x epoch hours x price per device-hour (dollars)",
+    "energy_per_epoch_j": "mean power of the run's devices x epoch_s (joules)",
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class ScalingReport:
-    """Everything ``write_report`` puts into files."""
+    """Everything ``write_report`` puts into files. ``table`` has one row per run by N (the
+    columns of ``_row``: times in s, cost in $, energy in J, the final validation ``METRICS``);
+    ``prediction`` holds the ring model's inputs and efficiency per network (None without
+    inputs); ``validation`` the model against each measured multi-worker run."""
 
     mode: str
     config_name: str
-    rows: list[ScalingRow]
+    table: pd.DataFrame
     scaling: ScalingConfig
     notes: list[str]
     prediction: Optional[dict[str, Any]]
@@ -123,92 +97,69 @@ def load_runs(run_dirs: Sequence[str | os.PathLike]) -> list[Run]:
 def build_report(
     runs: Sequence[Run],
     mode: Optional[str] = None,
-    scaling: Optional[ScalingConfig] = None,
     measured_network: str = "shared-memory",
-    scaling_overrides: Optional[dict[str, Any]] = None,
+    overrides: Optional[dict[str, Any]] = None,
 ) -> ScalingReport:
-    """Checks the runs belong together and computes the tables.
+    """Checks that the runs (one per N, N=1 included) belong together and computes the table.
 
-    Args:
-      runs: finished runs, one per worker count, including N=1.
-      mode: "strong" or "weak"; inferred from the batches when None.
-      scaling: prices and power; default the ``scaling`` section of the N=1 run's config.
-      measured_network: the ``predict.PRESETS`` entry the measured runs communicated over,
-        used to check the model against them.
-      scaling_overrides: ``ScalingConfig`` fields to replace (e.g. a price per device-hour).
-
-    Returns:
-      The ``ScalingReport``; rows sorted by N.
-
-    Raises:
-      DataError: unfinished runs, two runs with the same N, no N=1 baseline, no timing.
-      ConfigError: runs of different configs, or of the wrong mode.
+    ``mode`` is inferred from the batches when None; ``measured_network`` (a ``predict.PRESETS``
+    name) is what the runs communicated over, to check the model against them; ``overrides``
+    replace ``ScalingConfig`` fields (e.g. the price). DataError: unfinished runs, two runs with
+    one N, no N=1, no timing; ConfigError: runs of different configs or of the wrong mode.
     """
     if not runs:
         raise DataError("no runs to report")
     runs = sorted(_finished(runs), key=lambda r: r.num_workers)
     mode = mode or _infer_mode(runs)
-    seen: dict[int, Run] = {}
-    for run in runs:
-        if run.num_workers in seen:
+    for a, b in zip(runs, runs[1:]):
+        if a.num_workers == b.num_workers:
             raise DataError(
-                f"two runs with N={run.num_workers}: {seen[run.num_workers].path} and {run.path}; "
+                f"two runs with N={a.num_workers}: {a.path} and {b.path}; "
                 "keep one per worker count"
             )
-        seen[run.num_workers] = run
     _check_comparable(runs, mode)
-    if 1 not in seen:
+    baseline = runs[0]
+    if baseline.num_workers != 1:
         raise DataError(
             f"a {mode}-scaling report needs a single-worker baseline (a run with N=1); got "
-            f"N = {', '.join(str(n) for n in seen)}. Run the sweep with 1 in --np "
+            f"N = {', '.join(str(r.num_workers) for r in runs)}. Run the sweep with 1 in --np "
             "(python -m hvdtrack.scaling run --np 1,...)"
         )
-    baseline = seen[1]
     notes: list[str] = []
-    scaling = dataclasses.replace(
-        scaling or _scaling_of(baseline, notes), **(scaling_overrides or {})
-    )
-    warmup_epochs = scaling.timing_warmup_epochs
-    t1_epoch = maths.epoch_time(baseline, warmup_epochs)
+    scaling = dataclasses.replace(_scaling_of(baseline, notes), **(overrides or {}))
+    t1_epoch = maths.epoch_time(baseline, scaling.timing_warmup_epochs)
     t1_batch = maths.run_step_statistics(baseline)["median"]
-    rows = []
-    for run in runs:
-        rows.append(_row(run, mode, scaling, t1_epoch, t1_batch))
-        if rows[-1].epoch_includes_warmup:
-            notes.append(
-                f"N={run.num_workers}: the run has {len(maths.epoch_times(run))} epoch(s), "
-                f"not more than scaling.timing_warmup_epochs={warmup_epochs}, so its epoch time "
-                "includes warm-up; run more epochs for a clean figure"
-            )
-    if any(r.energy_source == "estimate" for r in rows):
+    table = pd.DataFrame([_row(run, mode, scaling, t1_epoch, t1_batch) for run in runs])
+    for row in table[table["epoch_includes_warmup"]].itertuples():
+        notes.append(
+            f"N={row.n}: the run has no more epochs than scaling.timing_warmup_epochs="
+            f"{scaling.timing_warmup_epochs}, so its epoch time includes warm-up; run more "
+            "epochs for a clean figure"
+        )
+    if (table["energy_source"] == "estimate").any():
         notes.append(
             f"energy marked 'estimate' is {scaling.device_power_watts:g} W per device "
             "(scaling.device_power_watts) x devices x time, not a measurement"
         )
-    prediction, validation = _prediction(runs, baseline, mode, scaling, measured_network, notes)
-    return ScalingReport(
-        mode, str(baseline.info["config_name"]), rows, scaling, notes, prediction, validation
-    )
+    prediction, validation = _prediction(runs, mode, scaling, measured_network, notes)
+    name = str(baseline.info["config_name"])
+    return ScalingReport(mode, name, table, scaling, notes, prediction, validation)
 
 
 def write_report(report: ScalingReport, out_dir: str | os.PathLike) -> dict[str, Path]:
-    """Writes ``REPORT_FILES`` into ``out_dir`` (each atomically).
-
-    Returns:
-      File kind ("md", "csv", "json", "speedup_efficiency", "time_cost", "prediction") -> path.
-    """
+    """Writes ``REPORT_FILES`` into ``out_dir``; returns kind ("md", "csv", "json" or a plot's
+    name) -> path."""
     from hvdtrack.scaling import plots  # matplotlib only when plots are drawn
+    from hvdtrack.scaling.tables import render_markdown
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = dict(zip(("md", "csv", "json", *PLOTS), (out / name for name in REPORT_FILES)))
-    table = pd.DataFrame([dataclasses.asdict(r) for r in report.rows])
     with atomic_write(paths["csv"]) as f:
-        table.insert(0, "mode", report.mode)
-        table.to_csv(f, index=False, lineterminator="\n")
+        report.table.assign(mode=report.mode).to_csv(f, index=False, lineterminator="\n")
     write_json(paths["json"], _json(report))
     for name in PLOTS:
-        plots.PLOTTERS[name](report, paths[name])
+        getattr(plots, name)(report, paths[name])
     with atomic_write(paths["md"]) as f:
         f.write(render_markdown(report))
     return paths
@@ -216,37 +167,19 @@ def write_report(report: ScalingReport, out_dir: str | os.PathLike) -> dict[str,
 
 def summarize(run: Run) -> dict[str, Any]:
     """Plain numbers describing one run (see the module docstring)."""
-    info = run.info
-    scaling = _scaling_of(run, [])
-    measures = _measures(run, scaling)
+    info, scaling = run.info, _scaling_of(run, [])
     accounts = timing.epoch_accounts(run)
     epochs = sorted((e for e in run.epochs if e.rank == 0), key=lambda e: e.epoch)
+    shown = ("config_name", "status", "strategy", "threads_per_worker", "global_batch_graphs")
     return {
-        "accounts": accounts,
-        "flagged_epochs": sum(1 for row in accounts if row["flagged"]),
-        "rest_limit": timing.REST_LIMIT,
-        "step_sum_s": maths.epoch_step_time(run, scaling.timing_warmup_epochs),
         "run_dir": str(run.path),
-        "config_name": info.get("config_name"),
-        "status": info.get("status"),
-        "strategy": info.get("strategy"),
+        **{key: info.get(key) for key in (*shown, "learning_rate", "device_kind")},
         "num_workers": run.num_workers,
-        "threads_per_worker": info.get("threads_per_worker"),
-        "global_batch_graphs": info.get("global_batch_graphs"),
-        "learning_rate": info.get("learning_rate"),
         "epochs": len(epochs),
-        "epoch_s": measures["epoch_s"],
-        "epoch_s_includes_warmup": measures["epoch_includes_warmup"],
-        **{k: measures[k] for k in ("graphs_per_s", "edges_per_s", "edges_per_s_per_worker")},
-        "step_statistics": {
-            field: maths.run_step_statistics(run, field) for field in maths.STEP_FIELDS
-        },
-        "device_kind": info.get("device_kind"),
-        "devices": measures["devices"],
-        "cost_per_epoch": measures["cost_per_epoch"],
+        **_measures(run, scaling),
         "price_per_device_hour": scaling.price_per_device_hour,
-        "energy_per_epoch_j": measures["energy_per_epoch_j"],
-        "energy_source": measures["energy_source"],
+        "step_sum_s": maths.epoch_step_time(run, scaling.timing_warmup_epochs),
+        "step_statistics": {f: maths.run_step_statistics(run, f) for f in maths.STEP_FIELDS},
         "metrics": info.get("metrics") or {},
         "epoch_table": [
             {
@@ -254,22 +187,30 @@ def summarize(run: Run) -> dict[str, Any]:
                 "seconds": e.time_s,
                 "edges_per_s": e.edges / e.time_s if e.time_s > 0 else float("nan"),
                 "train_loss": e.train_loss,
-                **{f"val_{k}": v for k, v in (e.val or {}).items() if k in VAL_SHOWN},
+                **{
+                    f"val_{k}": (e.val or {}).get(k)
+                    for k in ("loss", "auc", "efficiency", "purity")
+                },
             }
             for e in epochs
         ],
+        "accounts": accounts,
+        "flagged_epochs": sum(row["flagged"] for row in accounts),
+        "rest_limit": timing.REST_LIMIT,
     }
 
 
 def write_summary(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
     """Reads ``run_dir``, writes ``summary.md`` and ``summary.json`` into ``out`` (default
     ``run_dir/report``); returns the .md path."""
+    from hvdtrack.scaling.tables import render_summary
+
     summary = summarize(read_run(run_dir))
     out = Path(out) if out is not None else Path(run_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
     with atomic_write(out / "summary.md") as f:
         f.write(render_summary(summary))
-    write_json(out / "summary.json", summary)
+    write_json(out / "summary.json", _finite_or_null(summary))
     return out / "summary.md"
 
 
@@ -295,9 +236,9 @@ def _measures(run: Run, scaling: ScalingConfig) -> dict[str, Any]:
         "epoch_s": epoch_s,
         "epoch_includes_warmup": maths.epoch_time_includes_warmup(run, warmup_epochs),
         "graphs_per_s": maths.throughput(work["graphs"], epoch_s),
-        "graphs_per_s_per_worker": maths.throughput_per_worker(work["graphs"], epoch_s, n),
+        "graphs_per_s_per_worker": maths.throughput(work["graphs"], epoch_s, n),
         "edges_per_s": maths.throughput(work["edges"], epoch_s),
-        "edges_per_s_per_worker": maths.throughput_per_worker(work["edges"], epoch_s, n),
+        "edges_per_s_per_worker": maths.throughput(work["edges"], epoch_s, n),
         "devices": devices,
         "cost_per_epoch": maths.cost_per_epoch(devices, epoch_s, scaling.price_per_device_hour),
         "power_watts": power,
@@ -308,48 +249,29 @@ def _measures(run: Run, scaling: ScalingConfig) -> dict[str, Any]:
 
 def _row(
     run: Run, mode: str, scaling: ScalingConfig, t1_epoch: float, t1_batch: float
-) -> ScalingRow:
-    n = run.num_workers
-    measures = _measures(run, scaling)
-    del measures["edges_per_s_per_worker"]
+) -> dict[str, Any]:
+    n, measures = run.num_workers, _measures(run, scaling)
     batch = maths.run_step_statistics(run)
-    if mode == "strong":
-        speed = maths.speedup(t1_epoch, measures["epoch_s"])
-        efficiency = maths.strong_efficiency(t1_epoch, measures["epoch_s"], n)
-    else:
-        efficiency = maths.weak_efficiency(t1_batch, batch["median"])
-        speed = n * efficiency  # scaled speedup
+    # Strong: on epoch times; weak: on step times, and the speedup is the scaled one.
+    t1, tn = (t1_epoch, measures["epoch_s"]) if mode == "strong" else (t1_batch, batch["median"])
+    efficiency = maths.efficiency(mode, t1, tn, n)
+    speedup = maths.speedup(t1, tn) if mode == "strong" else n * efficiency
     metrics = run.info.get("metrics") or {}
-    return ScalingRow(
-        n=n,
-        run_dir=str(run.path),
-        batch_graphs=run.info["batch_graphs"],
-        global_batch_graphs=run.info["global_batch_graphs"],
-        batch_s=batch["median"],
-        batch_std_s=batch["std"],
-        batch_min_s=batch["min"],
-        batch_max_s=batch["max"],
-        timed_steps=batch["count"],
-        data_s=float(np.median(maths.step_times(run, "data_s"))),
-        exchange_s=float(np.median(maths.step_times(run, "exchange_s"))),
-        speedup=speed,
-        efficiency=efficiency,
+    return {
+        "n": n,
+        "run_dir": str(run.path),
+        "batch_graphs": run.info["batch_graphs"],
+        "global_batch_graphs": run.info["global_batch_graphs"],
+        **{f"batch_{k}_s": batch[k] for k in ("std", "min", "max")},
+        "batch_s": batch["median"],
+        "timed_steps": batch["count"],
+        "data_s": float(np.median(maths.step_times(run, "data_s"))),
+        "exchange_s": float(np.median(maths.step_times(run, "exchange_s"))),
+        "speedup": speedup,
+        "efficiency": efficiency,
         **measures,
-        **{
-            field: None if metrics.get(key) is None else float(metrics[key])
-            for field, key in METRIC_FIELDS.items()
-        },
-    )
-
-
-METRIC_FIELDS = {
-    "val_loss": "loss",
-    "auc": "auc",
-    "edge_efficiency": "efficiency",
-    "purity": "purity",
-    "accuracy": "accuracy",
-}
-VAL_SHOWN = ("loss", "auc", "efficiency", "purity")
+        **{k: None if metrics.get(m) is None else float(metrics[m]) for k, m in METRICS.items()},
+    }
 
 
 def _finished(runs: Sequence[Run]) -> list[Run]:
@@ -365,10 +287,9 @@ def _finished(runs: Sequence[Run]) -> list[Run]:
 def _infer_mode(runs: Sequence[Run]) -> str:
     """ "strong" if the global batch is the same for all runs, else "weak" if the per-worker
     batch is, else ConfigError."""
-    if len({r.info["global_batch_graphs"] for r in runs}) == 1:
-        return "strong"
-    if len({r.info["batch_graphs"] for r in runs}) == 1:
-        return "weak"
+    for key, mode in (("global_batch_graphs", "strong"), ("batch_graphs", "weak")):
+        if len({r.info[key] for r in runs}) == 1:
+            return mode
     raise ConfigError(
         "cannot tell strong from weak scaling: both the per-worker batch and the global batch "
         f"differ between the runs ({_listing(runs, 'batch_graphs')}); "
@@ -398,13 +319,11 @@ def _check_comparable(runs: Sequence[Run], mode: str) -> None:
                 f"{first.info['config_hash']} in {first.path} but {run.info['config_hash']} in "
                 f"{run.path} (run.json has no 'config' to say which key differs)"
             )
-    key, what = (
-        ("global_batch_graphs", "global batch")
-        if mode == "strong"
-        else ("batch_graphs", "per-worker batch")
-    )
+    key, what, other = {
+        "strong": ("global_batch_graphs", "global batch", "weak"),
+        "weak": ("batch_graphs", "per-worker batch", "strong"),
+    }[mode]
     if len({r.info[key] for r in runs}) > 1:
-        other = "weak" if mode == "strong" else "strong"
         raise ConfigError(
             f"{mode} scaling keeps the {what} fixed, but the runs differ ({_listing(runs, key)}); "
             f"did you mean --mode {other}?"
@@ -412,10 +331,9 @@ def _check_comparable(runs: Sequence[Run], mode: str) -> None:
 
 
 def _comparable_config(run: Run) -> dict[str, Any]:
-    flat = flatten_config(run.info["config"])
     return {
         k: v
-        for k, v in flat.items()
+        for k, v in flatten_config(run.info["config"]).items()
         if not any(k == e or k.startswith(f"{e}.") for e in VARYING_KEYS)
     }
 
@@ -433,15 +351,15 @@ def _scaling_of(run: Run, notes: list[str]) -> ScalingConfig:
 
 
 def _prediction(
-    runs: list[Run],
-    baseline: Run,
-    mode: str,
-    scaling: ScalingConfig,
-    measured_network: str,
-    notes: list[str],
+    runs: list[Run], mode: str, scaling: ScalingConfig, measured_network: str, notes: list[str]
 ) -> tuple[Optional[dict[str, Any]], list[predict.Validation]]:
+    if measured_network not in predict.PRESETS:
+        raise ConfigError(
+            f"measured network must be one of {', '.join(predict.PRESETS)}, "
+            f"got {measured_network!r}"
+        )
     try:
-        compute_s, gradient_bytes, note = predict.baseline_inputs(baseline)
+        compute_s, gradient_bytes, note = predict.baseline_inputs(runs[0])
     except DataError as err:
         notes.append(f"no prediction beyond this machine: {err}")
         return None, []
@@ -451,18 +369,13 @@ def _prediction(
     configured = predict.network_from_config(scaling)
     if configured != networks.get(configured.name):
         networks[f"{configured.name} (config)"] = configured
-    table = {
+    efficiency = {
         name: [
             dataclasses.asdict(p)
             for p in predict.predict_scaling(compute_s, gradient_bytes, net, mode)
         ]
         for name, net in networks.items()
     }
-    if measured_network not in predict.PRESETS:
-        raise ConfigError(
-            f"measured network must be one of {', '.join(predict.PRESETS)}, "
-            f"got {measured_network!r}"
-        )
     validation = predict.validate_against(runs, mode, predict.PRESETS[measured_network])
     if not validation:
         notes.append("no multi-worker run measured: the model could not be checked here")
@@ -470,28 +383,20 @@ def _prediction(
         "step_compute_s": compute_s,
         "gradient_bytes": gradient_bytes,
         "networks": {name: dataclasses.asdict(net) for name, net in networks.items()},
-        "efficiency": table,
+        "efficiency": efficiency,
     }, validation
 
 
 # ------------------------------------------------------------------------------ files
 def _json(report: ScalingReport) -> dict[str, Any]:
+    definitions = {k: v if isinstance(v, str) else v[report.mode] for k, v in DEFINITIONS.items()}
     return _finite_or_null(
         {
             "mode": report.mode,
             "config_name": report.config_name,
             "scaling_config": dataclasses.asdict(report.scaling),
-            "definitions": {
-                "epoch_s": "median over timed epochs of the slowest rank's epoch time",
-                "batch_s": "median over non-warm-up steps of the slowest rank's step time",
-                "speedup": "t1/tN on epoch_s" if report.mode == "strong" else "N * efficiency",
-                "efficiency": (
-                    "t1/(N tN) on epoch_s" if report.mode == "strong" else "t1/tN on batch_s"
-                ),
-                "cost_per_epoch": "devices x epoch hours x price per device-hour (dollars)",
-                "energy_per_epoch_j": "mean power of the run's devices x epoch_s (joules)",
-            },
-            "rows": [dataclasses.asdict(r) for r in report.rows],
+            "definitions": definitions,
+            "rows": report.table.to_dict("records"),
             "prediction": report.prediction,
             "validation": [dataclasses.asdict(v) for v in report.validation],
             "notes": report.notes,
@@ -505,6 +410,6 @@ def _finite_or_null(value: Any) -> Any:
         return {k: _finite_or_null(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_finite_or_null(v) for v in value]
-    return (
-        None if value is None or (isinstance(value, float) and not math.isfinite(value)) else value
-    )
+    if isinstance(value, np.generic):
+        value = value.item()
+    return None if isinstance(value, float) and not math.isfinite(value) else value

@@ -1,95 +1,123 @@
-"""The Markdown of the reports: ``render_summary`` (one run) and ``render_markdown`` (a sweep)."""
+"""The Markdown of the reports: ``render_markdown`` (a sweep) and ``render_summary`` (one run)."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
-import numpy as np
+import pandas as pd
+
+from hvdtrack.train.timing import EPOCH_PARTS
 
 if TYPE_CHECKING:
-    from hvdtrack.scaling.report import ScalingReport, ScalingRow
+    from hvdtrack.scaling.report import ScalingReport
 
 
-def _fixed_column(attribute: str, digits: int) -> Callable[[ScalingRow], str]:
-    return lambda row: _fixed(getattr(row, attribute), digits)
+def _fixed(digits: int) -> Callable[[Any], str]:
+    return lambda v: "n/a" if v is None or not math.isfinite(v) else f"{v:.{digits}f}"
 
 
-# Column title -> the cell of a ScalingRow; the sweep report's tables pick from these.
-COLUMNS: dict[str, Callable[[ScalingRow], str]] = {
-    "N": lambda r: str(r.n),
-    "batch/worker": lambda r: str(r.batch_graphs),
-    "global batch": lambda r: str(r.global_batch_graphs),
-    "epoch s": _fixed_column("epoch_s", 2),
-    "speedup": _fixed_column("speedup", 3),
-    "efficiency": _fixed_column("efficiency", 3),
-    "batch s": _fixed_column("batch_s", 4),
-    "batch s (median)": _fixed_column("batch_s", 4),
-    "std": _fixed_column("batch_std_s", 4),
-    "min": _fixed_column("batch_min_s", 4),
-    "max": _fixed_column("batch_max_s", 4),
-    "data wait s": _fixed_column("data_s", 4),
-    "exchange s": _fixed_column("exchange_s", 4),
-    "graphs/s": lambda r: _sig(r.graphs_per_s),
-    "graphs/s/worker": lambda r: _sig(r.graphs_per_s_per_worker),
-    "cost/epoch": lambda r: _money(r.cost_per_epoch),
-    "energy/epoch": lambda r: f"{_energy(r.energy_per_epoch_j)} ({r.energy_source})",
-    "val loss": _fixed_column("val_loss", 4),
-    "AUC": _fixed_column("auc", 3),
-    "edge eff.": _fixed_column("edge_efficiency", 3),
-    "purity": _fixed_column("purity", 3),
-    "accuracy": _fixed_column("accuracy", 3),
+def _sig(value: float, digits: int = 3) -> str:
+    """``value`` to about ``digits`` significant figures, never in exponent form."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    return f"{value:,.{max(0, digits - 1 - math.floor(math.log10(abs(value))))}f}"
+
+
+def _money(dollars: float) -> str:
+    return f"${dollars:,.2f}" if dollars >= 1 else f"${_sig(dollars)}"
+
+
+def _energy(joules: float) -> str:
+    return f"{_sig(joules / 1e3)} kJ" if joules >= 1e3 else f"{_sig(joules)} J"
+
+
+# Column title -> (column of the sweep report's table, how its cells are written).
+COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "N": ("n", str),
+    "batch/worker": ("batch_graphs", str),
+    "global batch": ("global_batch_graphs", str),
+    "epoch s": ("epoch_s", _fixed(2)),
+    "speedup": ("speedup", _fixed(3)),
+    "efficiency": ("efficiency", _fixed(3)),
+    "batch s": ("batch_s", _fixed(4)),
+    "std": ("batch_std_s", _fixed(4)),
+    "min": ("batch_min_s", _fixed(4)),
+    "max": ("batch_max_s", _fixed(4)),
+    "data wait s": ("data_s", _fixed(4)),
+    "exchange s": ("exchange_s", _fixed(4)),
+    "graphs/s": ("graphs_per_s", _sig),
+    "graphs/s/worker": ("graphs_per_s_per_worker", _sig),
+    "edges/s": ("edges_per_s", _sig),
+    "edges/s/worker": ("edges_per_s_per_worker", _sig),
+    "cost/epoch": ("cost_per_epoch", _money),
+    "energy/epoch": ("energy_per_epoch_j", _energy),  # and its source
+    "val loss": ("val_loss", _fixed(4)),
+    "AUC": ("auc", _fixed(3)),
+    "edge eff.": ("edge_efficiency", _fixed(3)),
+    "purity": ("purity", _fixed(3)),
+    "accuracy": ("accuracy", _fixed(3)),
 }
+DETAIL = ["N", "batch/worker", "global batch", "batch s", "std", "min", "max", "data wait s"]
 TABLES = {
-    "strong": ("N", "epoch s", "speedup", "efficiency", "cost/epoch", "energy/epoch"),
-    "weak": ("N", "efficiency", "edge eff.", "purity", "AUC", "val loss", "epoch s", "batch s"),
-    "detail": (
-        "N",
-        "batch/worker",
-        "global batch",
-        "batch s (median)",
-        "std",
-        "min",
-        "max",
-        "data wait s",
-        "exchange s",
-        "graphs/s",
-        "graphs/s/worker",
-        "cost/epoch",
-        "energy/epoch",
-    ),
-    "physics": ("N", "val loss", "AUC", "edge eff.", "purity", "accuracy"),
+    "strong": ["N", "epoch s", "speedup", "efficiency", "cost/epoch", "energy/epoch"],
+    "weak": ["N", "efficiency", "edge eff.", "purity", "AUC", "val loss", "epoch s", "batch s"],
+    "detail": [*DETAIL, "exchange s", "graphs/s", "graphs/s/worker", "cost/epoch", "energy/epoch"],
+    "physics": ["N", "val loss", "AUC", "edge eff.", "purity", "accuracy"],
+    "run": ["epoch s", "graphs/s", "edges/s", "edges/s/worker", "cost/epoch", "energy/epoch"],
 }
 # The per-epoch accounting of one run: column title -> key of timing.epoch_accounts' rows.
-ACCOUNT_COLUMNS = {
-    "wall": "wall_s",
-    "train": "time_s",
-    "data": "data_s",
-    "compute": "compute_s",
-    "exchange": "exchange_s",
-    "of it wait": "wait_s",
-    "pipeline": "pipeline_s",
-    "validation": "validation_s",
-    "checkpoint": "checkpoint_s",
-    "summaries": "summaries_s",
-    "records": "records_s",
+ACCOUNT_COLUMNS = {"wall": "wall_s", "train": "time_s"} | {
+    **{part.removesuffix("_s"): part for part in EPOCH_PARTS},
+    "exchange wait": "wait_s",
     "rest": "rest_s",
 }
 
 
+# The epochs of one run: column title -> (key of report.summarize's epoch_table, cell format).
+EPOCH_COLUMNS = {
+    "epoch": ("epoch", str),
+    "s": ("seconds", "{:.1f}".format),
+    "edges/s": ("edges_per_s", "{:,.0f}".format),
+    "train loss": ("train_loss", _fixed(4)),
+    "val loss": ("val_loss", _fixed(4)),
+    "AUC": ("val_auc", _fixed(4)),
+    "efficiency": ("val_efficiency", _fixed(4)),
+    "purity": ("val_purity", _fixed(4)),
+}
+
+
+def markdown_table(frame: pd.DataFrame, align: str = "---:") -> list[str]:
+    """The lines of a Markdown table of ``frame``'s cells (as text) under its column names."""
+    rows = ["| " + " | ".join(map(str, row)) + " |" for row in frame.astype(str).values]
+    return [
+        "| " + " | ".join(map(str, frame.columns)) + " |",
+        f"|{align}" * frame.shape[1] + "|",
+    ] + rows
+
+
+def _cells(table: pd.DataFrame) -> pd.DataFrame:
+    """The ``COLUMNS`` of ``table`` (those it has) as text, under their titles."""
+    present = {title: (col, fmt) for title, (col, fmt) in COLUMNS.items() if col in table}
+    cells = pd.DataFrame({title: table[col].map(fmt) for title, (col, fmt) in present.items()})
+    cells["energy/epoch"] += " (" + table["energy_source"] + ")"
+    return cells
+
+
 def render_markdown(report: ScalingReport) -> str:
     """The text of a sweep's report.md."""
-    s, rows, mode = report.scaling, report.rows, report.mode
+    s, t, mode = report.scaling, report.table, report.mode
+    cells = _cells(t)
+    batch = (
+        f"global batch {t['global_batch_graphs'][0]} graphs per step."
+        if mode == "strong"
+        else f"batch {t['batch_graphs'][0]} graphs per worker per step."
+    )
     lines = [
         f"# {mode.capitalize()} scaling: {report.config_name}",
         "",
-        f"Runs: N = {', '.join(str(r.n) for r in rows)} ({s.devices_per_worker} {s.device_kind} "
-        "per worker); "
-        + (
-            f"global batch {rows[0].global_batch_graphs} graphs per step."
-            if mode == "strong"
-            else f"batch {rows[0].batch_graphs} graphs per worker per step."
-        ),
+        f"Runs: N = {', '.join(map(str, t['n']))} ({s.devices_per_worker} {s.device_kind} per "
+        f"worker); {batch}",
         f"Cost at ${s.price_per_device_hour:g} per {s.device_kind}-hour "
         "(scaling.price_per_device_hour); energy per epoch = mean power x epoch s.",
         "",
@@ -99,15 +127,15 @@ def render_markdown(report: ScalingReport) -> str:
         else "Efficiency = t1/tN on batch s (median non-warm-up step of the slowest rank); "
         "edge eff., purity, AUC and val loss are the final validation metrics.",
         "",
-        *_rows_table(rows, TABLES[mode]),
+        *markdown_table(cells[TABLES[mode]]),
         "",
         "## Steps and throughput",
         "",
-        *_rows_table(rows, TABLES["detail"]),
+        *markdown_table(cells[TABLES["detail"]]),
     ]
     if mode == "strong":
         lines += ["", "## Physics of each run (final validation)", ""]
-        lines += _rows_table(rows, TABLES["physics"])
+        lines += markdown_table(cells[TABLES["physics"]])
     lines += ["", "## Beyond this machine: predicted efficiency (ring allreduce model)", ""]
     p = report.prediction
     if p is None:
@@ -120,17 +148,12 @@ def render_markdown(report: ScalingReport) -> str:
             + ("; compute per worker taken as t1/N." if mode == "strong" else "."),
             "",
         ]
-        names = list(p["efficiency"])
-        header = ["N"] + [
-            f"{name} ({p['networks'][name]['bandwidth_gbps']:g} Gb/s, "
-            f"{p['networks'][name]['latency_us']:g} us)"
-            for name in names
-        ]
-        body = [
-            [str(pred["n"])] + [_fixed(p["efficiency"][name][i]["efficiency"], 3) for name in names]
-            for i, pred in enumerate(p["efficiency"][names[0]])
-        ]
-        lines += _md_table(header, body, "---:")
+        predicted = {"N": [q["n"] for q in next(iter(p["efficiency"].values()))]}
+        for name, preds in p["efficiency"].items():
+            net = p["networks"][name]
+            title = f"{name} ({net['bandwidth_gbps']:g} Gb/s, {net['latency_us']:g} us)"
+            predicted[title] = [f"{q['efficiency']:.3f}" for q in preds]
+        lines += markdown_table(pd.DataFrame(predicted))
         lines += ["", "Checked against the runs measured here:", ""]
         lines += [f"- {v.describe()}" for v in report.validation] or ["- (no multi-worker run)"]
     if report.notes:
@@ -144,10 +167,15 @@ def render_markdown(report: ScalingReport) -> str:
     return "\n".join(lines)
 
 
-def render_summary(summary: dict[str, Any]) -> str:
+def render_summary(s: dict[str, Any]) -> str:
     """The text of one run's summary.md, from ``report.summarize``."""
-    s = summary
     source = s["energy_source"]
+    headline = _cells(pd.DataFrame([s]))[TABLES["run"]]
+    steps = pd.DataFrame(s["step_statistics"]).T
+    steps = steps[["mean", "std", "min", "median", "max"]].map("{:.4f}".format)
+    steps["steps"] = pd.DataFrame(s["step_statistics"]).T["count"].astype(int)
+    epochs = pd.DataFrame(s["epoch_table"])
+    epochs = pd.DataFrame({t: epochs[k].map(f) for t, (k, f) in EPOCH_COLUMNS.items()})
     lines = [
         f"# Run {s['run_dir']}",
         "",
@@ -155,21 +183,9 @@ def render_summary(summary: dict[str, Any]) -> str:
         f"({s['threads_per_worker']} threads each), global batch {s['global_batch_graphs']} graphs, "
         f"learning rate {s['learning_rate']:.3g}, {s['epochs']} epochs, status {s['status']}.",
         "",
-        *_md_table(
-            ["epoch s", "graphs/s", "edges/s", "edges/s per worker", "cost/epoch", "energy/epoch"],
-            [
-                [
-                    f"{s['epoch_s']:.2f}",
-                    f"{s['graphs_per_s']:.2f}",
-                    f"{s['edges_per_s']:,.0f}",
-                    f"{s['edges_per_s_per_worker']:,.0f}",
-                    f"${s['cost_per_epoch']:.5f}",
-                    f"{s['energy_per_epoch_j']:,.0f} J ({source})",
-                ]
-            ],
-        ),
+        *markdown_table(headline),
         "",
-        f"Epoch time: median over epochs{'' if s['epoch_s_includes_warmup'] else ' after the first'}, "
+        f"Epoch time: median over epochs{'' if s['epoch_includes_warmup'] else ' after the first'}, "
         f"slowest rank. Cost: {s['devices']} {s['device_kind']} x epoch hours x "
         f"${s['price_per_device_hour']}/device-hour. Energy: {source}"
         + (" (configured power, no counter readable here)." if source == "estimate" else "."),
@@ -182,34 +198,21 @@ def render_summary(summary: dict[str, Any]) -> str:
             f"{s['epoch_s'] / s['step_sum_s']:.3f}.",
             "",
         ]
-    statistics = ("mean", "std", "min", "median", "max")
     lines += [
         "Step times (s, slowest rank per step, warm-up steps excluded):",
         "",
-        "| | mean | std | min | median | max | steps |",
-        "|---|---|---|---|---|---|---|",
-        *(
-            _md_row([field, *(f"{st[k]:.4f}" for k in statistics), str(int(st["count"]))])
-            for field, st in s["step_statistics"].items()
-        ),
+        *markdown_table(steps.rename_axis("").reset_index()),
         "",
+        *markdown_table(epochs),
+        "",
+        *_accounts_lines(s),
     ]
-    val = ("val_loss", "val_auc", "val_efficiency", "val_purity")
-    lines += _md_table(
-        ["epoch", "s", "edges/s", "train loss", "val loss", "AUC", "efficiency", "purity"],
-        [
-            [str(row["epoch"]), f"{row['seconds']:.1f}", f"{row['edges_per_s']:,.0f}"]
-            + [f"{row.get(k, float('nan')):.4f}" for k in ("train_loss", *val)]
-            for row in s["epoch_table"]
-        ],
-    )
-    lines += ["", *_accounts_lines(s)]
-    if s["metrics"]:
-        shown = (
-            f"{k} {v:.4f}"
-            for k, v in s["metrics"].items()
-            if k != "num_edges" and isinstance(v, float) and np.isfinite(v)
-        )
+    shown = [
+        f"{k} {v:.4f}"
+        for k, v in s["metrics"].items()
+        if k != "num_edges" and isinstance(v, float) and math.isfinite(v)
+    ]
+    if shown:
         lines += ["", "Final validation: " + ", ".join(shown)]
     return "\n".join(lines) + "\n"
 
@@ -223,53 +226,17 @@ def _accounts_lines(summary: dict[str, Any]) -> list[str]:
         else f"**{flagged} epoch(s) with more than {limit:.0%} of the wall time unaccounted** "
         "(marked below)"
     )
+    accounts = pd.DataFrame(summary["accounts"])
+    table = pd.DataFrame({"epoch": accounts["epoch"] + 1, "rank": accounts["rank"]})
+    for title, key in ACCOUNT_COLUMNS.items():
+        table[title] = accounts[key].map("{:.2f}".format)
+    over = accounts["flagged"].map({True: " over", False: ""})
+    table["rest %"] = accounts["rest_fraction"].map("{:.1%}".format) + over
     return [
         f"Where the time went (seconds per epoch and rank; {verdict}). Wall: from the previous "
         "epoch's record to this one's; train: the epoch time above (pipeline and steps); the "
         "exchange holds the wait for slower ranks; records: gathering and writing the previous "
         "epoch's records; rest: what no part accounts for.",
         "",
-        *_md_table(
-            ["epoch", "rank", *ACCOUNT_COLUMNS, "rest %"],
-            [
-                [str(row["epoch"] + 1), str(row["rank"])]
-                + [f"{row[key]:.2f}" for key in ACCOUNT_COLUMNS.values()]
-                + [f"{row['rest_fraction']:.1%}" + (" over" if row["flagged"] else "")]
-                for row in summary["accounts"]
-            ],
-        ),
+        *markdown_table(table),
     ]
-
-
-def _rows_table(rows: Sequence[ScalingRow], columns: Sequence[str]) -> list[str]:
-    return _md_table(list(columns), [[COLUMNS[c](r) for c in columns] for r in rows], "---:")
-
-
-def _md_table(header: list[str], body: list[list[str]], rule: str = "---") -> list[str]:
-    return [_md_row(header), "|" + "|".join(rule for _ in header) + "|", *map(_md_row, body)]
-
-
-def _md_row(cells: Sequence[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
-
-
-def _fixed(value: Optional[float], digits: int) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{value:.{digits}f}"
-
-
-def _sig(value: float, digits: int = 3) -> str:
-    """``value`` to about ``digits`` significant figures, never in exponent form."""
-    if value == 0 or not math.isfinite(value):
-        return f"{value:g}"
-    decimals = max(0, digits - 1 - int(math.floor(math.log10(abs(value)))))
-    return f"{value:,.{decimals}f}"
-
-
-def _money(dollars: float) -> str:
-    return f"${dollars:,.2f}" if dollars >= 1 else f"${_sig(dollars)}"
-
-
-def _energy(joules: float) -> str:
-    return f"{_sig(joules / 1e3)} kJ" if joules >= 1e3 else f"{_sig(joules)} J"

@@ -78,7 +78,7 @@ def test_predict_command_prints_table_and_check(strong_runs, capsys):
     out = capsys.readouterr().out
     assert "network ethernet-25g: 25 Gb/s, 25 us" in out
     # t_c = 1 s, 4 MB: t(8) = 2*7/8 * 4e6 / 3.125e9 + 14 * 25 us = 2.59 ms; step 125 + 2.59 ms.
-    assert "     8     125.000         2.590   127.590       0.980" in out
+    assert re.search(r"\n +8 +125.000 +2.590 +127.590 +0.980\n", out), out
     assert "N=2 (shared-memory): predicted efficiency" in out
 
 
@@ -141,7 +141,8 @@ def test_run_dry_run_and_slurm(tmp_path, capsys):
         )
         == 0
     )
-    assert (tmp_path / "o" / "slurm" / "weak-np2.sbatch").is_file()
+    assert (tmp_path / "o" / "slurm" / "submit_all.sh").is_file()
+    assert (tmp_path / "o" / "slurm" / "train.sbatch").is_file()
     assert "submit all (prepare -> runs -> report): bash" in capsys.readouterr().out
 
 

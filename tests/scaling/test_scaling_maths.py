@@ -49,7 +49,7 @@ def test_energy_per_epoch():
 def test_throughput_total_and_per_worker():
     # 640 graphs in 32 s over 4 workers: 20 graphs/s, 5 per worker.
     assert maths.throughput(640, 32.0) == 20.0
-    assert maths.throughput_per_worker(640, 32.0, 4) == 5.0
+    assert maths.throughput(640, 32.0, 4) == 5.0
 
 
 def test_step_statistics_of_literal_list():

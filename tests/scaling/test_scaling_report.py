@@ -9,7 +9,7 @@ import pytest
 
 from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.scaling import report
-from hvdtrack.scaling.config import ScalingConfig
+from hvdtrack.scaling.tables import render_markdown
 from hvdtrack.train.timing import read_run
 
 from_dirs = report.load_runs
@@ -23,7 +23,7 @@ def test_strong_table_has_hand_computed_numbers(strong_runs, tmp_path):
     # 4 x 30/3600 x 3 = $0.100.
     # Energy: estimate 10 W x 1 x 100 s = 1.00 kJ; measured 24 W x 55 s = 1.32 kJ;
     # estimate 10 W x 4 x 30 s = 1.20 kJ.
-    md = report.render_markdown(built)
+    md = render_markdown(built)
     assert "| N | epoch s | speedup | efficiency | cost/epoch | energy/epoch |" in md
     assert "| 1 | 100.00 | 1.000 | 1.000 | $0.0833 | 1.00 kJ (estimate) |" in md
     assert "| 2 | 55.00 | 1.818 | 0.909 | $0.0917 | 1.32 kJ (rapl) |" in md
@@ -32,7 +32,7 @@ def test_strong_table_has_hand_computed_numbers(strong_runs, tmp_path):
 
 
 def test_step_detail_and_physics_tables(strong_runs):
-    md = report.render_markdown(report.build_report(from_dirs(strong_runs)))
+    md = render_markdown(report.build_report(from_dirs(strong_runs)))
     # Non-warm-up steps: 1.0 s (N=1); 0.55 s + 1 ms of rank 1 (N=2).
     # Graphs per epoch: 2 steps x 8 graphs = 16 in 100 s (N=1); 2 ranks x 2 x 4 = 16 in 55 s (N=2).
     assert (
@@ -71,7 +71,7 @@ def test_every_file_is_written(strong_runs, tmp_path):
 
 
 def test_prediction_section_is_in_the_markdown(strong_runs):
-    md = report.render_markdown(report.build_report(from_dirs(strong_runs)))
+    md = render_markdown(report.build_report(from_dirs(strong_runs)))
     assert "## Beyond this machine: predicted efficiency" in md
     assert (
         "From the single-worker step without exchange, 1000.00 ms, and 4,000,000 gradient bytes"
@@ -101,7 +101,7 @@ def test_weak_table_with_the_studies_figures(tmp_path, synthetic_run):
     built = report.build_report(from_dirs([many, one]))  # order does not matter
     assert built.mode == "weak"
     # The slowest of 32 ranks adds 31 ms: 0.445 + 0.031 = 0.476 s; 0.3436 / 0.476 = 0.722.
-    md = report.render_markdown(built)
+    md = render_markdown(built)
     assert "| N | efficiency | edge eff. | purity | AUC | val loss | epoch s | batch s |" in md
     assert "| 1 | 1.000 | 0.958 | 0.957 | 0.991 | 0.0412 | 34.36 | 0.3436 |" in md
     assert "| 32 | 0.722 | 0.989 | 0.956 | 0.990 | 0.0500 | 47.60 | 0.4760 |" in md
@@ -118,15 +118,13 @@ def test_energy_power_is_total_joules_over_seconds(tmp_path, synthetic_run):
         batch_graphs=2,
         energy=energy,
     )
-    (row,) = report.build_report(from_dirs([run])).rows
+    (row,) = report.build_report(from_dirs([run])).table.itertuples()
     assert row.power_watts == 40.0 and row.energy_per_epoch_j == 4000.0  # 40 W x 100 s
 
 
-def test_explicit_scaling_config_overrides_the_runs(strong_runs):
-    built = report.build_report(
-        from_dirs(strong_runs), scaling=ScalingConfig(price_per_device_hour=36.0)
-    )
-    assert [round(r.cost_per_epoch, 6) for r in built.rows] == [1.0, 1.1, 1.2]
+def test_overrides_replace_the_runs_scaling_section(strong_runs):
+    built = report.build_report(from_dirs(strong_runs), overrides={"price_per_device_hour": 36.0})
+    assert [round(c, 6) for c in built.table["cost_per_epoch"]] == [1.0, 1.1, 1.2]
 
 
 def test_short_runs_are_noted(tmp_path, synthetic_run):
@@ -142,8 +140,8 @@ def test_short_runs_are_noted(tmp_path, synthetic_run):
         ),
     ]
     built = report.build_report(from_dirs(dirs))
-    assert built.rows[1].efficiency == pytest.approx(10 / 12)
-    assert any("N=1: the run has 1 epoch(s)" in note for note in built.notes)
+    assert built.table["efficiency"][1] == pytest.approx(10 / 12)
+    assert any("N=1: the run has no more epochs than" in note for note in built.notes)
 
 
 # ------------------------------------------------------------------------------------ bad input
@@ -198,7 +196,7 @@ def test_runs_differing_only_in_varying_keys_are_comparable(
         batch_graphs=1,
         config=config,
     )
-    assert [r.n for r in report.build_report(from_dirs([*strong_runs, other])).rows] == [1, 2, 4, 8]
+    assert list(report.build_report(from_dirs([*strong_runs, other])).table["n"]) == [1, 2, 4, 8]
 
 
 def test_without_config_the_hashes_must_match(strong_runs):
@@ -253,7 +251,7 @@ def test_nan_metrics_are_na_in_markdown_and_null_in_json(tmp_path, synthetic_run
         tmp_path / "a", 1, epoch_s=[[10.0]], step_s=[1.0] * 4, batch_graphs=2, metrics=metrics
     )
     built = report.build_report(from_dirs([run]))
-    assert "| 1 | 0.3000 | 0.500 | 0.000 | n/a | n/a |" in report.render_markdown(built)
+    assert "| 1 | 0.3000 | 0.500 | 0.000 | n/a | n/a |" in render_markdown(built)
     data = report._json(built)
     assert data["rows"][0]["purity"] is None and data["rows"][0]["edge_efficiency"] == 0.0
     json.dumps(data, allow_nan=False)  # strict JSON

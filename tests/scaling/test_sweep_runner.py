@@ -24,7 +24,7 @@ def config(tmp_path):
 
 def test_worker_counts():
     assert sweep.parse_worker_counts("4,1,2") == (1, 2, 4)
-    with pytest.raises(ConfigError, match="comma-separated worker counts like 1,2,4"):
+    with pytest.raises(ConfigError, match="comma-separated worker counts >= 1 like 1,2,4"):
         sweep.parse_worker_counts("1,two")
     with pytest.raises(ConfigError, match="worker counts >= 1"):
         sweep.parse_worker_counts("0,1")
@@ -63,14 +63,16 @@ def test_weak_plan_keeps_the_batch_and_passes_overrides(config, tmp_path):
         python="/py/bin/python",
     )
     assert plan.batches == {1: 3, 2: 3}
-    assert plan.launcher[2] == ["horovodrun", "-np", "2", "-H", "localhost:2", "--mpi"]
-    assert plan.train[2][-2:] == [f"train.run_dir={tmp_path / 'weak-np2'}", "train.epochs=3"]
+    command = plan.local_command(2)
+    assert command[:6] == ["horovodrun", "-np", "2", "-H", "localhost:2", "--mpi"]
+    assert command[-2:] == [f"train.run_dir={tmp_path / 'weak-np2'}", "train.epochs=3"]
+    assert plan.prepare[-1] == "train.epochs=3"  # the preparation sees the same config
 
 
 def test_horovodrun_beside_the_interpreter_is_preferred(config, tmp_path):
     plan = sweep.plan_sweep("weak", (1,), config, tmp_path, python=sys.executable)
     beside = shutil.which("horovodrun", path=str(Path(sys.executable).parent))
-    assert plan.launcher[1][0] == (beside or "horovodrun")
+    assert plan.local_command(1)[0] == (beside or "horovodrun")
 
 
 @pytest.mark.parametrize(
@@ -104,7 +106,7 @@ def test_missing_config_and_missing_batch(tmp_path):
 def test_dry_run_prints_every_command_and_runs_nothing(config, tmp_path):
     plan = sweep.plan_sweep("strong", (1, 2), config, tmp_path / "out", python="/py/bin/python")
     out = io.StringIO()
-    assert sweep.run_sweep(plan, dry_run=True, python="/py/bin/python", out=out) is None
+    assert sweep.run_sweep(plan, dry_run=True, out=out) is None
     lines = out.getvalue().splitlines()
     assert lines[0] == f"/py/bin/python -m hvdtrack.prepare --config {config}"
     assert lines[1].startswith(
@@ -116,41 +118,38 @@ def test_dry_run_prints_every_command_and_runs_nothing(config, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_slurm_scripts_are_valid_bash(config, tmp_path):
-    plan = sweep.plan_sweep("strong", (4, 8), config, tmp_path / "out", python="/py/bin/python")
+def test_slurm_sweep_copies_the_scripts_and_submits_them_quoted(config, tmp_path):
+    plan = sweep.plan_sweep(
+        "strong", (4, 8), config, tmp_path / "out", overrides=["data.dataset_dir=my data"]
+    )
     options = sweep.SlurmOptions(
         gpus_per_node=4, cpus_per_task=8, partition="gpu", setup=("module load openmpi",)
     )
-    paths = sweep.write_slurm_scripts(
-        plan, options, python="/py/bin/python", workdir=tmp_path, out=io.StringIO()
-    )
-    assert sorted(paths) == [
-        "prepare.sbatch",
-        "report.sbatch",
-        "strong-np4.sbatch",
-        "strong-np8.sbatch",
-        "submit_all.sh",
-    ]
-    for path in paths.values():
-        result = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
-        assert result.returncode == 0, result.stderr
-    np8 = paths["strong-np8.sbatch"].read_text()
-    for line in [
-        "#SBATCH --nodes=2",
-        "#SBATCH --ntasks=8",
-        "#SBATCH --ntasks-per-node=4",
-        "#SBATCH --gpus-per-node=4",
-        "#SBATCH --cpus-per-task=8",
-        "#SBATCH --partition=gpu",
-        "module load openmpi",
-        f"srun --mpi=pmix /py/bin/python -m hvdtrack.train --config {config} "
-        "distributed.strategy=horovod train.batch_graphs=1 "
-        f"train.run_dir={tmp_path / 'out' / 'strong-np8'}",
-    ]:
-        assert line in np8.splitlines()
-    submit = paths["submit_all.sh"].read_text()
-    assert 'runs+=("$(submit --dependency=afterok:"$prepare" "$here/strong-np8.sbatch")")' in submit
-    assert 'report="$(submit --dependency=afterok:"$deps" "$here/report.sbatch")"' in submit
+    paths = sweep.write_slurm_scripts(plan, options, workdir=tmp_path, out=io.StringIO())
+    assert sorted(paths) == ["prepare.sbatch", "submit_all.sh", "train.sbatch"]
+    for name in ("prepare.sbatch", "train.sbatch"):
+        assert paths[name].read_text() == (sweep.SLURM_SCRIPTS / name).read_text()
+    result = subprocess.run(["bash", "-n", str(paths["submit_all.sh"])], capture_output=True)
+    assert result.returncode == 0, result.stderr
+    lines = paths["submit_all.sh"].read_text().splitlines()
+    assert f"cd {shlex.quote(str(tmp_path))}" in lines and "module load openmpi" in lines
+    assert (
+        'runs+=("$(submit "${after[@]}" --job-name=hvdtrack-strong-np8 --partition=gpu '
+        "--nodes=2 --ntasks-per-node=4 --cpus-per-task=8 --gpus-per-node=4 "
+        f'"$here/train.sbatch" {config} train.batch_graphs=1 '
+        f"train.run_dir={tmp_path / 'out' / 'strong-np8'} 'data.dataset_dir=my data')\")"
+    ) in lines
+    assert 'after=(--dependency=afterok:"$prepare")' in lines
+    assert any(line.startswith('report="$(submit "${after[@]}" --job-name=') for line in lines)
+    assert not any("#SBATCH" in line for line in lines)  # the scripts' own lines apply
+
+
+def test_slurm_sweep_without_the_repository_scripts_is_refused(config, tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep, "SLURM_SCRIPTS", tmp_path / "nowhere")
+    plan = sweep.plan_sweep("strong", (1,), config, tmp_path / "out")
+    with pytest.raises(ConfigError, match=r"nowhere/prepare.sbatch not found: .*checkout"):
+        sweep.write_slurm_scripts(plan, sweep.SlurmOptions(), out=io.StringIO())
+    assert not (tmp_path / "out").exists()
 
 
 def test_slurm_layout_must_fill_nodes():

@@ -83,6 +83,10 @@ class Cluster:
             fields.setdefault(key, value)
         return fields
 
+    def cancel(self, *job_ids: str) -> None:
+        """scancel, quietly: some of the jobs may have ended already."""
+        subprocess.run(["scancel", *job_ids], env=self.env, capture_output=True, timeout=30)
+
     def wait(self, job_id: str, timeout: float, until=None) -> dict[str, str]:
         """Polls the job until ``until(fields)`` (default: a final state); fails after timeout."""
         until = until or (lambda f: f["JobState"] in FINAL_STATES)

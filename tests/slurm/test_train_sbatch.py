@@ -1,14 +1,15 @@
-"""run_scripts/slurm/prepare.sbatch and train.sbatch, unchanged, on a real one-node SLURM cluster:
-prepare, then 2 Horovod ranks started by ``srun --mpi=pmix`` (``--dependency=afterok``); USR1 to
-the batch shell (what ``--signal=B:USR1@N`` sends before the time limit) checkpoints, requeues the
-job and the rerun resumes to the weights of a run never stopped; ``scancel`` checkpoints and ends
-the job without requeue; ``kill -9`` of one rank ends the job within seconds
-(``--kill-on-bad-exit``)."""
+"""run_scripts/slurm/prepare.sbatch and train.sbatch, unchanged and with their default sizes, on a
+real one-node SLURM cluster: prepare, then 2 Horovod ranks started by ``srun --mpi=pmix``
+(``--dependency=afterok``); a job with ``--time=1`` gets USR1 from SLURM before its limit
+(``--signal=B:USR1@N``), checkpoints, requeues itself and the rerun resumes to the weights of a
+run never stopped; ``scancel`` checkpoints and ends the job without requeue; ``kill -9`` of one
+rank ends the job within seconds (``--kill-on-bad-exit``)."""
 
 import json
 import os
 import signal
 import time
+from datetime import datetime
 
 import numpy as np
 import pytest
@@ -17,9 +18,12 @@ import tensorflow as tf
 from tests.launch import REPO
 
 pytestmark = [pytest.mark.slurm, pytest.mark.distributed, pytest.mark.slow]
-# Deadlines below are for a machine shared with other work; alone, the three tests take ~2 min.
+# Deadlines below are for a machine shared with other work.
 SCRIPT = str(REPO / "run_scripts/slurm/train.sbatch")
-EPOCHS, STEPS_PER_EPOCH = 8, 4  # tiny: 8 training graphs, 2 ranks x 1 graph
+# tiny: 8 training graphs, 2 ranks x 1 graph. Enough epochs that a job limited to 1 minute is
+# still training when SLURM signals it (5-35 s before the limit: it checks every 30 s).
+EPOCHS, STEPS_PER_EPOCH = 40, 4
+LEAD_S = 5  # --signal=B:USR1@5
 
 
 def train_args(dataset, run_dir, epochs=EPOCHS):
@@ -35,7 +39,19 @@ def train_args(dataset, run_dir, epochs=EPOCHS):
 
 
 def submit(slurm, out, *args, **env):
-    return slurm.sbatch("--ntasks-per-node=2", "--cpus-per-task=1", f"--output={out}", *args, **env)
+    """train.sbatch's own #SBATCH lines size the job: 1 node, 2 ranks x 1 CPU."""
+    return slurm.sbatch(f"--output={out}", *args, **env)
+
+
+def when(text, pattern):
+    """The wall-clock time of the first line holding ``pattern`` (the scripts print %T)."""
+    line = next(line for line in text.splitlines() if pattern in line)
+    return line.split("] ", 1)[1].split(" ", 1)[0]
+
+
+def epoch_seconds(stamp):
+    """scontrol's local time (2026-11-23T17:45:12) as seconds since the epoch."""
+    return datetime.fromisoformat(stamp).timestamp()
 
 
 def weights(run_dir):
@@ -108,27 +124,38 @@ def test_prepare_then_two_horovod_ranks_started_by_srun_pmix(chain):
     assert (info["strategy"], info["num_workers"]) == ("horovod", 2)
 
 
-def test_usr1_checkpoints_requeues_and_the_rerun_resumes_exactly(slurm, tmp_path, chain):
+def test_time_limit_signal_checkpoints_requeues_and_the_rerun_resumes_exactly(
+    slurm, tmp_path, chain
+):
     dataset, straight, _ = chain
     run_dir, out = tmp_path / "run", tmp_path / "job.out"
-    job = submit(slurm, out, *train_args(dataset, run_dir))
-    wait_for(run_dir / "timing.jsonl", job, slurm)  # the first epoch is recorded: mid-run
-    signalled = time.monotonic()
-    slurm.run("scancel", "--signal=USR1", "--batch", job)  # what --signal=B:USR1@N does
-    slurm.wait(job, timeout=120, until=lambda f: f["Restarts"] == "1")
-    requeued = time.monotonic()
-    slurm.wait(job, timeout=120, until=lambda f: "SLURM_RESTART_COUNT=1" in out.read_text())
-    rerun = time.monotonic()
-    fields = slurm.wait(job, timeout=300)
-    print(
-        f"USR1 -> requeued {requeued - signalled:.1f} s, requeued -> rerun started "
-        f"{rerun - requeued:.1f} s, rerun {time.monotonic() - rerun:.1f} s"
+    job = submit(slurm, out, "--time=1", f"--signal=B:USR1@{LEAD_S}", *train_args(dataset, run_dir))
+    first = slurm.wait(job, timeout=240, until=lambda f: f["JobState"] == "RUNNING")
+    limit = epoch_seconds(first["EndTime"])  # StartTime + 1 minute
+    signalled = slurm.wait(
+        job,
+        timeout=limit - time.time() + 90,
+        until=lambda f: out.exists() and "SIGUSR1 received" in out.read_text(),
     )
+    arrived = time.time()
+    requeued = slurm.wait(job, timeout=120, until=lambda f: f["Restarts"] != "0")
+    requeued_at = time.time()
+    slurm.wait(job, timeout=120, until=lambda f: "SLURM_RESTART_COUNT=1" in out.read_text())
+    rerun_at = time.time()
+    fields = slurm.wait(job, timeout=300)
     output = out.read_text()
-    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", (fields, output)
-    assert "SIGUSR1 received: passing it on to the ranks" in output, output
+    print(
+        f"--time=1 --signal=B:USR1@{LEAD_S}: USR1 {limit - arrived:.1f} s before the limit "
+        f"({arrived - epoch_seconds(first['StartTime']):.1f} s after the start; batch shell at "
+        f"{when(output, 'SIGUSR1 received')}); signal -> requeued {requeued_at - arrived:.1f} s, "
+        f"requeued -> rerun started {rerun_at - requeued_at:.1f} s, rerun "
+        f"{time.time() - rerun_at:.1f} s; restarts {fields['Restarts']}"
+    )
+    assert signalled["JobState"] == "RUNNING" and requeued["JobState"] in ("PENDING", "RUNNING")
+    assert fields["JobState"] == "COMPLETED" and int(fields["Restarts"]) >= 1, (fields, output)
     assert "stopped by a signal (SIGUSR1 here)" in output, output
     assert f"requeueing job {job}" in output, output
+    assert "TIMEOUT" not in output and "CANCELLED" not in output, output
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "finished" and info["stopped_by"] is None, info
 
