@@ -1,7 +1,8 @@
 """TrackML events: detector geometry, CSV reading/writing and the synthetic event generator.
 
 Public symbols: ``Event``, ``find_events``, ``read_event``, ``write_event``, ``SyntheticConfig``,
-``generate_event``, ``generate_dataset``; geometry lives in ``hvdtrack.events.detector``.
+``generate_event``, ``generate_dataset``; layers live in ``hvdtrack.events.detector``, the
+modules tiling them in ``hvdtrack.events.modules``, helices in ``hvdtrack.events.propagation``.
 """
 
 from __future__ import annotations

@@ -262,7 +262,7 @@ def write_detectors(table: dict[str, np.ndarray] | pd.DataFrame, directory: Path
     """Writes a module table as ``<directory>/detectors.csv`` (atomically).
 
     Args:
-      table: columns of ``DETECTORS_COLUMNS`` (e.g. ``detector.module_table()``), one row per
+      table: columns of ``DETECTORS_COLUMNS`` (e.g. ``modules.module_table()``), one row per
         module.
       directory: the dataset directory (created if missing).
 
