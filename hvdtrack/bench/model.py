@@ -35,6 +35,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable, Optional, Sequence
 
@@ -265,7 +266,7 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0):
 
     rows = {"nodes": num_nodes, "edges": num_edges}
     rng = np.random.default_rng(seed)
-    dtype = tf.float32
+    dtype = tf.as_dtype(config.precision)
 
     def constant(shape):
         return tf.cast(rng.standard_normal(shape, dtype=np.float32), dtype)
@@ -396,26 +397,35 @@ def _probe(args: argparse.Namespace) -> int:
     return 0
 
 
-def measure_memory(args: argparse.Namespace, num_nodes: int, num_edges: int) -> Optional[dict]:
-    """Runs ``--probe`` for one size in a fresh process; None when it ran out of memory."""
+def measure_memory(
+    args: argparse.Namespace, num_nodes: int, num_edges: int, kill_above: Optional[int] = None
+) -> Optional[dict]:
+    """Runs ``--probe`` for one size in a fresh process; None when it ran out of memory or its
+    resident set passed ``kill_above`` bytes (it is then stopped at once)."""
+    from hvdtrack.utils.memory import rss_bytes
+
     command = [sys.executable, "-m", "hvdtrack.bench", "model", "--probe", "--repeats", "1"]
-    command += [
-        "--nodes",
-        str(num_nodes),
-        "--edges",
-        str(num_edges),
-        "--threads",
-        str(args.threads),
-    ]
-    command += ["--seed", str(args.seed)] + [f"--set={s}" for s in args.overrides]
+    sizes = dict(nodes=num_nodes, edges=num_edges, threads=args.threads, seed=args.seed)
+    command += [x for key, value in sizes.items() for x in (f"--{key}", str(value))]
+    command += [f"--set={s}" for s in args.overrides]
     if args.config:
         command += ["--config", args.config]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        if done.returncode < 0 or "OOM" in done.stderr or "MemoryError" in done.stderr:
+    # Output to files, not pipes: a probe blocked on a full pipe would never end.
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        probe = subprocess.Popen(command, stdout=out, stderr=err, text=True)
+        while probe.poll() is None:
+            if kill_above is not None and (rss_bytes(probe.pid) or 0) > kill_above:
+                probe.kill()
+                probe.wait()
+                return None
+            time.sleep(0.1)
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if probe.returncode != 0:
+        if probe.returncode < 0 or "OOM" in stderr or "MemoryError" in stderr:
             return None  # killed (the kernel's OOM killer) or out of memory
-        raise HvdtrackError(f"memory probe failed: {done.stderr.strip().splitlines()[-1:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        raise HvdtrackError(f"memory probe failed: {stderr.strip().splitlines()[-1:]}")
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def _mib(n: Optional[int]) -> str:
@@ -448,9 +458,9 @@ def _largest_graph(args: argparse.Namespace) -> int:
     print(f"largest graph whose training step's peak RSS fits {budget / 2**30:.2f} GiB")
 
     def fits(num_edges: int) -> Optional[dict]:
-        r = measure_memory(args, max(1, num_edges // EDGES_PER_NODE), num_edges)
+        r = measure_memory(args, max(1, num_edges // EDGES_PER_NODE), num_edges, budget)
         ok = r is not None and r["peak_rss"] <= budget
-        peak = "out of memory" if r is None else f"peak RSS {_mib(r['peak_rss'])} MiB"
+        peak = "over budget, stopped" if r is None else f"peak RSS {_mib(r['peak_rss'])} MiB"
         print(f"  {num_edges:>9} edges: {peak} -> {'fits' if ok else 'too big'}", flush=True)
         return r if ok else None
 

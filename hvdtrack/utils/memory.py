@@ -26,11 +26,13 @@ _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
-def _status_bytes(field: str, text: Optional[str] = None) -> Optional[int]:
-    """A ``kB`` field of /proc/self/status (or of ``text``, its contents) in bytes."""
+def _status_bytes(
+    field: str, text: Optional[str] = None, pid: Optional[int] = None
+) -> Optional[int]:
+    """A ``kB`` field of /proc/<pid or self>/status (or of ``text``, its contents) in bytes."""
     if text is None:
         try:
-            text = _STATUS.read_text()
+            text = (_STATUS if pid is None else Path(f"/proc/{pid}/status")).read_text()
         except OSError:
             return None
     for line in text.splitlines():
@@ -41,9 +43,10 @@ def _status_bytes(field: str, text: Optional[str] = None) -> Optional[int]:
     return None
 
 
-def rss_bytes() -> Optional[int]:
-    """The resident set of this process now (VmRSS), in bytes; None where /proc is missing."""
-    return _status_bytes("VmRSS")
+def rss_bytes(pid: Optional[int] = None) -> Optional[int]:
+    """The resident set of this process (or of process ``pid``) now (VmRSS), in bytes; None
+    where /proc is missing or the process has ended."""
+    return _status_bytes("VmRSS", pid=pid)
 
 
 def peak_rss_bytes() -> Optional[int]:

@@ -41,3 +41,12 @@ def test_memory_table_measures_each_size_in_a_fresh_process(tmp_path, capsys):
     [record] = json.loads(out.read_text())["records"]
     assert (record["nodes"], record["edges"]) == (20, 60)
     assert record["peak_rss"] >= record["rss_before"] > 0 and record["allocator_peak"] > 0
+
+
+@pytest.mark.slow  # one fresh TensorFlow process
+def test_a_budget_below_the_smallest_graph_is_reported(capsys):
+    code = bench.main(["--config", "tiny", "--memory-budget", "100MiB"])
+    assert code == 2
+    captured = capsys.readouterr()
+    assert "10000 edges: over budget, stopped -> too big" in captured.out
+    assert "--memory-budget: not even 10000 edges fit in 104857600 bytes" in captured.err
