@@ -24,9 +24,10 @@ stateless random ops (``unit_seed_edges``): identical on every worker, so the wo
 are disjoint and, over an epoch, cover every edge once; reproducible from the seed. By default
 (``seed_order: local``) the order is by the azimuth of the edge's sender, from a random angle:
 a unit's seeds then lie in one phi wedge and share most of their neighbourhood. Random seeds
-spread over the graph: on the default config (8 steps, graphs of ~4,700 hits), the 7-hop
-neighbourhood of 256 random seed edges held 89% of a graph's hits; that of 1,024 azimuth-ordered
-seeds about 800 hits and 1,400 edges.
+spread over the graph: on the default config (8 steps; graphs of ~8,000 hits and ~22,000 edges),
+the 7-hop neighbourhood of 256 random seed edges held 94% of a graph's hits, while 256
+azimuth-ordered seeds gave subgraphs of ~680 hits and ~2,000 edges, 1,024 of them ~950 hits
+and ~2,840 edges (the halo: edges the model reads but the loss does not count).
 
 The loss mask rides in the labels. The trainer's loss (``model.loss``) weights an edge by
 ``fake_weight + (true_weight - fake_weight) * label``; non-seed edges get the label
