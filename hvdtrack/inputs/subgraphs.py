@@ -1,7 +1,7 @@
 """Subgraph mini-batches: seed edges, their k-hop neighbourhoods, and the epoch plan over them.
 
 Mini-batch training replaces a step's whole graphs by subgraphs: every epoch each training
-graph's edges are shuffled and cut into *units* of about ``seed_edges`` seed edges; a unit
+graph's edges are ordered anew and cut into *units* of about ``seed_edges`` seed edges; a unit
 becomes one subgraph, the seeds plus the neighbourhood the model reads to score them. The loss
 counts only the seed edges, so an epoch's loss terms are the whole-graph loss terms, each edge
 counted once, and a step's gradients are those of the sampled objective.
@@ -19,7 +19,7 @@ per hop (then the logits are approximate and the subgraph's size is bounded: at 
 The plan (``plan_subgraph_epoch``) is ``balance.plan_epoch`` over units instead of graphs: a
 unit's size is its seed count, so steps and workers are balanced on trained edges, every worker
 runs the same number of steps, and each unit goes to exactly one worker per epoch. A unit's
-seeds are a slice of a permutation of its graph's edges drawn from (run seed, epoch, graph) by
+seeds are a slice of an order of its graph's edges drawn from (run seed, epoch, graph) by
 stateless random ops (``unit_seed_edges``): identical on every worker, so the workers' seeds
 are disjoint and, over an epoch, cover every edge once; reproducible from the seed. By default
 (``seed_order: local``) the order is by the azimuth of the edge's sender, from a random angle:
@@ -40,7 +40,8 @@ Sampling runs inside ``tf.data`` (``pipeline.train_dataset`` on a ``SubgraphPlan
 ops vectorised over the edges of a graph, one unit per call, in parallel ahead of the model.
 
 Public symbols: ``SubgraphConfig``, ``SubgraphSampling``, ``SubgraphPlan``, ``ignored_label``,
-``plan_subgraph_epoch``, ``unit_seed_edges``, ``sample_subgraph``.
+``plan_subgraph_epoch``, ``unit_seed_edges``, ``unit_key``, ``sample_subgraph``,
+``NODE_PHI_COLUMN``.
 """
 
 from __future__ import annotations
