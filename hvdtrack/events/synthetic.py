@@ -1,11 +1,12 @@
 """Synthetic TrackML events: charged particles from pile-up vertices, their secondaries, and noise.
 
-Primaries come from ``num_vertices`` vertices with a Tsallis pT spectrum from 0.1 GeV (median
-about 0.4 GeV, a third above 0.5 GeV, as real TrackML particles) and flat pseudorapidity. Each
-is a helix in the solenoidal field (``propagation``): loopers are followed for a whole turn.
-At each layer crossing a particle may interact (probability ``interaction_probability``): it
-stops there and one to four secondaries (generation 1, process 121) leave from that point and
-are propagated the same way. A crossing of a layer becomes hits on the flat modules
+Primaries (pions, kaons, protons) come from ``num_vertices`` vertices with a Tsallis pT
+spectrum from 0.1 GeV (median about 0.4 GeV, a third above 0.5 GeV, as real TrackML particles)
+and flat pseudorapidity. Each is a helix in the solenoidal field (``propagation``): loopers are
+followed for a whole turn. At each layer crossing a primary may interact (probability
+``interaction_probability``), and pions and kaons decay in flight; the primary stops there and
+its secondaries (``secondaries``: hadrons from an interaction, the muon of a decay; generation
+1) leave from that point and are propagated the same way. A crossing of a layer becomes hits on the flat modules
 (``modules``): one, or two where neighbouring modules overlap; each hit is then kept with the
 probability ``layer_efficiency`` and smeared in the module's local u, v. Noise hits are spread
 uniformly over the module area so that they are ``noise_fraction`` of all hits. Everything is
@@ -15,12 +16,12 @@ vectorised over particles (the only loop is over the 48 surfaces) and determinis
 The files are TrackML's: hits, cells, particles (with particle_type), truth, and a
 ``detectors.csv`` of the module tiling per dataset; particle ids follow TrackML's bit layout
 (``particle_ids``: vertex_id = vertex + 1, primary_id = number within the vertex; secondaries
-share their parent's and have generation 1, secondary_id 1, 2, ... and process 121) and truth
-weights TrackML's definition (``weights``).
+share their parent's and have generation 1, secondary_id 1, 2, ... and process 121 or 201)
+and truth weights TrackML's definition (``weights``).
 
 Simplifications (stated so nobody mistakes them for TrackML): no energy loss (loopers do not
-shrink), no decays and no photon conversions; every particle is a pion for the scattering's
-beta; scattering displaces later hits but the truth momentum (tpx, tpy, tpz) is that of the
+shrink), no photon conversions or delta rays, secondaries do not interact or decay again;
+every particle is a pion for the scattering's beta; scattering displaces later hits but the truth momentum (tpx, tpy, tpz) is that of the
 unscattered helix; near a module the track is a straight line; each hit has one cell whose
 value is a random deposited charge.
 
@@ -38,15 +39,13 @@ import numpy as np
 import pandas as pd
 
 from hvdtrack.configtools import check
-from hvdtrack.events import detector, modules, propagation
-from hvdtrack.events.particle_ids import decode_particle_id, encode_particle_id
+from hvdtrack.events import detector, modules, propagation, secondaries
+from hvdtrack.events.particle_ids import encode_particle_id
 from hvdtrack.events.trackml import COLUMNS, Event, write_detectors, write_event
 from hvdtrack.events.weights import hit_weights
 
-HADRONIC_PROCESS = 121  # Geant4's process subtype of hadronic inelastic interactions
-# PDG codes of positive primaries and secondaries, with their shares (negatives: minus the code).
+# PDG codes of positive primaries, with their shares (negatives: minus the code).
 _PRIMARY_TYPES = ((211, 0.80), (321, 0.12), (2212, 0.08))
-_SECONDARY_TYPES = ((211, 0.70), (2212, 0.20), (321, 0.10))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,22 +136,29 @@ def generate_event(cfg: SyntheticConfig, event_id: int, seed: int) -> Event:
     helix = propagation.helices(primaries, cfg.field_tesla)
     alpha, layer = propagation.find_crossings(helix, surfaces)
     crossed = np.isfinite(alpha)
-    # A particle that interacts at a crossing stops there.
+    # A particle stops where it interacts (at a crossing) or decays, whichever comes first.
     interacts_at = crossed & (rng.random(alpha.shape) < cfg.interaction_probability)
-    interacts = interacts_at.any(axis=1)
     first = np.argmax(interacts_at, axis=1)
-    crossed &= ~(interacts[:, None] & (np.arange(alpha.shape[1]) > first[:, None]))
+    rows = np.arange(len(first))
+    alpha_interaction = np.where(interacts_at.any(axis=1), alpha[rows, first], np.inf)
+    alpha_decay = secondaries.decay_alpha(helix, primaries["particle_type"], rng)
+    alpha_decay = np.where(alpha_decay < helix.alpha_max, alpha_decay, np.inf)
+    stop = np.minimum(alpha_interaction, alpha_decay)
+    crossed &= alpha <= stop[:, None]
     states = propagation.crossing_states(helix, alpha, layer, crossed, cfg.material_x0, rng)
-    offsets = np.cumsum(crossed.sum(axis=1)) - crossed.sum(axis=1)
-    parents = np.flatnonzero(interacts)
-    secondaries = _secondaries(primaries, states, parents, offsets[parents] + first[parents], rng)
-    helix2 = propagation.helices(secondaries, cfg.field_tesla)
+    hadronic = np.flatnonzero(alpha_interaction < alpha_decay)
+    decays = np.flatnonzero(np.isfinite(alpha_decay) & (alpha_decay < alpha_interaction))
+    produced = _concat(
+        secondaries.hadronic_products(primaries, helix, hadronic, alpha_interaction[hadronic], rng),
+        secondaries.decay_products(primaries, helix, decays, alpha_decay[decays], rng),
+    )
+    helix2 = propagation.helices(produced, cfg.field_tesla)
     alpha2, layer2 = propagation.find_crossings(helix2, surfaces)
     states2 = propagation.crossing_states(
         helix2, alpha2, layer2, np.isfinite(alpha2), cfg.material_x0, rng
     )
     states2["particle"] = states2["particle"] + cfg.num_particles
-    particles = {k: np.concatenate([primaries[k], secondaries[k]]) for k in primaries}
+    particles = _concat(primaries, produced)
     signal = _signal_hits(cfg, _concat(states, states2), rng)
     noise = _noise_hits(cfg, surfaces, len(signal["row"]), rng)
     event = _assemble_event(event_id, particles, signal, noise)
@@ -194,12 +200,6 @@ def _pt_table(pt_min: float, pt_max: float, n: float, t: float) -> tuple[np.ndar
     return cdf / cdf[-1], pt
 
 
-def _particle_types(charge: np.ndarray, table: tuple, rng: np.random.Generator) -> np.ndarray:
-    codes = np.array([code for code, _ in table])
-    shares = np.array([share for _, share in table])
-    return codes[rng.choice(len(codes), size=len(charge), p=shares / shares.sum())] * charge
-
-
 def _sample_particles(cfg: SyntheticConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Kinematics and production vertex of every primary: dict of float64/int64 arrays [P]."""
     n = cfg.num_particles
@@ -231,60 +231,7 @@ def _sample_particles(cfg: SyntheticConfig, rng: np.random.Generator) -> dict[st
         "phi": phi,
         "lam": np.sinh(eta),  # pz / pT
         "q": charge,
-        "particle_type": _particle_types(charge, _PRIMARY_TYPES, rng),
-    }
-
-
-def _secondaries(
-    primaries: dict[str, np.ndarray],
-    states: dict[str, np.ndarray],
-    parents: np.ndarray,
-    at: np.ndarray,
-    rng: np.random.Generator,
-) -> dict[str, np.ndarray]:
-    """One to four secondaries per interacting primary, from the interaction point.
-
-    They share 70% of the parent's momentum (flat random fractions), leave at a polar angle of
-    |N(0, 0.35)| rad around the parent's direction, 1 mm beyond the interaction point.
-
-    Args:
-      parents: int64 [I] rows of the interacting primaries; at: int64 [I] their interaction
-        crossing in ``states``.
-    """
-    count = np.minimum(1 + rng.poisson(1.0, len(parents)), 4)
-    parent = np.repeat(parents, count)
-    crossing = np.repeat(at, count)
-    n = len(parent)
-    share = rng.random(n)
-    group_total = np.repeat(np.add.reduceat(share, np.cumsum(count) - count), count) if n else share
-    momentum = np.linalg.norm(states["momentum"][crossing], axis=1) * 0.7 * share / group_total
-    forward = states["direction"][crossing]
-    side = np.cross(forward, np.array([0.0, 0.0, 1.0]))
-    side_norm = np.linalg.norm(side, axis=1, keepdims=True)
-    side = np.where(side_norm > 1e-9, side / np.maximum(side_norm, 1e-12), [1.0, 0.0, 0.0])
-    other = np.cross(forward, side)
-    theta = np.abs(rng.normal(0.0, 0.35, n))[:, None]
-    azimuth = rng.uniform(-np.pi, np.pi, n)[:, None]
-    direction = np.cos(theta) * forward + np.sin(theta) * (
-        np.cos(azimuth) * side + np.sin(azimuth) * other
-    )
-    vertex = states["point"][crossing] + direction
-    transverse = np.maximum(np.hypot(direction[:, 0], direction[:, 1]), 1e-6)
-    charge = rng.choice(np.array([-1, 1]), size=n)
-    fields = decode_particle_id(primaries["particle_id"][parent])
-    number = np.arange(n) - np.repeat(np.cumsum(count) - count, count) + 1
-    return {
-        "particle_id": encode_particle_id(
-            fields["vertex_id"], fields["primary_id"], 1, number, HADRONIC_PROCESS
-        ),
-        "vx": vertex[:, 0],
-        "vy": vertex[:, 1],
-        "vz": vertex[:, 2],
-        "pt": momentum * transverse,
-        "phi": np.arctan2(direction[:, 1], direction[:, 0]),
-        "lam": direction[:, 2] / transverse,
-        "q": charge,
-        "particle_type": _particle_types(charge, _SECONDARY_TYPES, rng),
+        "particle_type": secondaries.particle_types(charge, _PRIMARY_TYPES, rng),
     }
 
 

@@ -52,17 +52,20 @@ def test_particle_ids_decode_to_primaries_and_secondaries():
     primary = fields["generation"] == 0
     for name in ("secondary_id", "process"):
         assert (fields[name][primary] == 0).all()
-    # secondaries: generation 1, numbered per parent, hadronic process, away from the beam
+    # secondaries: generation 1, numbered per parent; hadrons from interactions in a layer
+    # (process 121, away from the beam line) and muons from decays (201)
     assert 0 < (~primary).sum() < primary.sum()
     assert (fields["generation"][~primary] == 1).all()
     assert (fields["secondary_id"][~primary] >= 1).all()
-    assert (fields["process"][~primary] == 121).all()
-    assert (np.hypot(particles.vx, particles.vy)[~primary] > 20).all()
+    hadronic, decay = fields["process"] == 121, fields["process"] == 201
+    assert hadronic.any() and decay.any() and (hadronic | decay | primary).all()
+    assert (np.hypot(particles.vx, particles.vy)[hadronic] > 20).all()
     assert particles.particle_id.is_unique
     # primaries of one vertex_id share the vertex position
     assert (particles[primary].groupby(fields["vertex_id"][primary]).vz.nunique() == 1).all()
-    assert set(np.abs(particles.particle_type)) <= {211, 321, 2212}
-    np.testing.assert_array_equal(np.sign(particles.particle_type), particles.q)
+    assert set(np.abs(particles.particle_type[~decay])) <= {211, 321, 2212}
+    np.testing.assert_array_equal(np.sign(particles.particle_type[~decay]), particles.q[~decay])
+    np.testing.assert_array_equal(particles.particle_type[decay], -13 * particles.q[decay])
 
 
 def test_true_hits_lie_on_their_module_planes_and_overlaps_give_double_hits(small_event):
@@ -97,7 +100,9 @@ def test_weights_nhits_and_noise(small_event):
     nhits = truth.particle_id.map(particles.set_index("particle_id").nhits)
     short = nhits < 4
     assert (truth.weight[noise | short] == 0).all()
-    counted = ~noise & ~short & (nhits <= 20)  # at most 20 hits of a particle count
+    # at most 20 hits of a particle count; pT below 0.05 GeV weighs 0 (a TrackML guard)
+    pt = truth.particle_id.map(np.hypot(particles.px, particles.py).set_axis(particles.particle_id))
+    counted = ~noise & ~short & (nhits <= 20) & (pt >= 0.05)
     assert (truth.weight[counted] > 0).all() and counted.sum() > 100
     assert noise.mean() == pytest.approx(SMALL.noise_fraction, abs=0.01)
     counts = truth.particle_id[~noise].value_counts()
