@@ -121,7 +121,7 @@ def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         parser.error(f"--edges takes 1 or {len(args.nodes)} values, got {len(args.edges)}")
     if min(args.nodes) < 1 or min(args.edges) < 1:
         parser.error("--nodes and --edges must be >= 1")
-    if args.repeats < 1 or args.warmup < 1:
+    if (args.repeats < 1 and not args.probe) or args.warmup < 1:
         parser.error("--repeats and --warmup must be >= 1 (the first step traces and compiles)")
     if args.threads < 0:
         parser.error("--threads must be >= 0")
@@ -377,8 +377,10 @@ def _probe(args: argparse.Namespace) -> int:
     step()
     first_s = time.perf_counter() - start
     first_peak = memory.peak_rss_bytes()
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    timing = _time(step, 0, args.repeats)
+    timing = None
+    if args.repeats:  # the allocator's peak of a later step (else: since the start)
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        timing = _time(step, 0, args.repeats)
     device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
     print(
         json.dumps(
@@ -390,7 +392,7 @@ def _probe(args: argparse.Namespace) -> int:
                 peak_rss=max(first_peak, memory.peak_rss_bytes()),
                 allocator_peak=memory.device_peak_bytes(device),
                 first_step_s=first_s,
-                step_s=timing.median,
+                step_s=timing.median if timing else first_s,
             )
         )
     )
@@ -401,10 +403,12 @@ def measure_memory(
     args: argparse.Namespace, num_nodes: int, num_edges: int, kill_above: Optional[int] = None
 ) -> Optional[dict]:
     """Runs ``--probe`` for one size in a fresh process; None when it ran out of memory or its
-    resident set passed ``kill_above`` bytes (it is then stopped at once)."""
+    resident set passed ``kill_above`` bytes (it is then stopped at once, and only the first
+    step runs: the allocator's peak is then that step's)."""
     from hvdtrack.utils.memory import rss_bytes
 
-    command = [sys.executable, "-m", "hvdtrack.bench", "model", "--probe", "--repeats", "1"]
+    repeats = "1" if kill_above is None else "0"
+    command = [sys.executable, "-m", "hvdtrack.bench", "model", "--probe", "--repeats", repeats]
     sizes = dict(nodes=num_nodes, edges=num_edges, threads=args.threads, seed=args.seed)
     command += [x for key, value in sizes.items() for x in (f"--{key}", str(value))]
     command += [f"--set={s}" for s in args.overrides]
@@ -467,7 +471,7 @@ def _largest_graph(args: argparse.Namespace) -> int:
     low, high, best = 0, 10_000, None
     while (r := fits(high)) is not None:  # double until a size does not fit
         low, best, high = high, r, 2 * high
-    while high - low > max(1000, low // 50):  # then bisect to 2%
+    while high - low > max(1000, low // 25):  # then bisect to 4%
         middle = (low + high) // 2
         if (r := fits(middle)) is not None:
             low, best = middle, r
