@@ -26,6 +26,7 @@ Public symbols: ``ModelConfig``, ``SegmentClassifier``, ``FactorizedEdgeUpdate``
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Literal
 
 import sonnet as snt
@@ -338,8 +339,9 @@ class SegmentClassifier(snt.Module):
         factorized = self._config.factorized_edge_update
         invariant = self._edge_update.encoded_terms(encoded) if factorized else ()
 
-        def core(nodes, edges, encoded_nodes, encoded_edges, *invariant):
-            """One message-passing step: (node, edge) latents -> new (node, edge) latents."""
+        def core(nodes, edges, encoded_nodes, encoded_edges, *invariant, output=True):
+            """One message-passing step: (node, edge) latents -> new (node, edge) latents and,
+            if ``output``, the step's edge logits [E, 1] (else a placeholder [0])."""
             latent = graphs.replace(nodes=nodes, edges=edges)
             core_nodes = tf.concat([encoded_nodes, nodes], axis=-1)
             if factorized:
@@ -348,19 +350,24 @@ class SegmentClassifier(snt.Module):
                 both = tf.concat([encoded_edges, edges], axis=-1)
                 edges = self._edge_update(latent.replace(nodes=core_nodes, edges=both)).edges
             updated = self._node_update(latent.replace(nodes=core_nodes, edges=edges))
-            return updated.nodes, updated.edges
+            if not output:
+                return updated.nodes, updated.edges, tf.zeros([0], edges.dtype)
+            return updated.nodes, updated.edges, self._edge_output(updated).edges
 
+        steps = {True: core, False: functools.partial(core, output=False)}
         if recompute:
-            # Keeps only each step's inputs for the backward pass and runs the step again
-            # there: activation memory of one step instead of all.
-            core = tf.recompute_grad(core)
+            # Keeps only each step's inputs for the backward pass and runs the step (with its
+            # output head) again there: activation memory of one step instead of all.
+            steps = {key: tf.recompute_grad(fn) for key, fn in steps.items()}
         nodes, edges = encoded.nodes, encoded.edges
         outputs = []
         for step in range(self._config.num_message_passing_steps):
-            nodes, edges = core(nodes, edges, encoded.nodes, encoded.edges, *invariant)
             last = step == self._config.num_message_passing_steps - 1
-            if self._config.output_every_step or last:
-                logits = self._edge_output(graphs.replace(edges=edges)).edges
+            output = self._config.output_every_step or last
+            nodes, edges, logits = steps[output](
+                nodes, edges, encoded.nodes, encoded.edges, *invariant
+            )
+            if output:
                 outputs.append(tf.squeeze(logits, axis=-1))
         return outputs
 

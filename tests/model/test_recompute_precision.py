@@ -24,10 +24,15 @@ def loss_and_gradients(model, graphs, labels, compiled):
     return tf.function(run)() if compiled else run()
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-@pytest.mark.parametrize("factorized", [False, True])
-def test_recomputed_gradients_equal_plain_ones(graphs, compiled, factorized):
-    config = dataclasses.replace(TINY, layer_norm=True, factorized_edge_update=factorized)
+@pytest.mark.parametrize(
+    "compiled, factorized, every_step",
+    [(False, False, True), (False, True, True), (True, False, True), (True, True, True),
+     (False, True, False)],
+)  # fmt: skip
+def test_recomputed_gradients_equal_plain_ones(graphs, compiled, factorized, every_step):
+    config = dataclasses.replace(
+        TINY, layer_norm=True, factorized_edge_update=factorized, output_every_step=every_step
+    )
     labels = tf.constant([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
     plain = SegmentClassifier(config)
     recomputed = SegmentClassifier(dataclasses.replace(config, recompute=True))
