@@ -32,6 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
+    runs = argparse.ArgumentParser(add_help=False)  # what report and predict share
+    runs.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="runs of one sweep, N=1 too")
+    runs.add_argument("--mode", choices=("strong", "weak"), help="default: from the batches")
+    runs.add_argument("--measured-network", default="shared-memory", choices=NETWORKS)
+
     def command(name, text, **kwargs):
         return sub.add_parser(name, help=text, description=text, **kwargs)
 
@@ -63,22 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
         "one run: its report (epochs and where their time went); several runs: the scaling "
         "tables (md, csv, json) and plots",
         aliases=["summary"],
+        parents=[runs],
     )
-    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    report.add_argument("--mode", choices=("strong", "weak"), help="default: from the batches")
     report.add_argument("--out", help="default: RUN_DIR/report for one run, <parent>/report-<mode>")
     report.add_argument("--price-per-device-hour", type=float, help="replaces the runs' config's")
     report.add_argument("--device-power-watts", type=float, help="replaces the runs' config's")
-    report.add_argument("--measured-network", default="shared-memory", choices=NETWORKS)
 
-    pred = command("predict", "predicted efficiency at N = 8..1024 from measured runs")
-    pred.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="the sweep's runs (with N=1)")
-    pred.add_argument("--mode", choices=("strong", "weak"))
+    pred = command(
+        "predict", "predicted efficiency at N = 8..1024 from measured runs", parents=[runs]
+    )
     pred.add_argument("--interconnect", choices=(*NETWORKS, "custom"), help="default: the config's")
     pred.add_argument("--bandwidth-gbps", type=float, help="link bandwidth, gigabits/s")
     pred.add_argument("--latency-us", type=float, help="per-message latency, microseconds")
     pred.add_argument("--ns", default="8,16,32,64,128,256,512,1024", help="worker counts")
-    pred.add_argument("--measured-network", default="shared-memory", choices=NETWORKS)
 
     energy = command("energy", "which power counters this machine exposes")
     energy.add_argument(

@@ -12,9 +12,8 @@ otherwise, and the estimate when that one is not available):
   books an equal share. Counters that are root-only on recent kernels fall back to the estimate.
 - ``estimate``: ``scaling.device_power_watts * devices * seconds``, labelled ``"estimate"``.
 
-Every process of a run meters its own share (``start()`` before the first epoch, ``sample()``
-whenever convenient, ``stop()`` at the end); the sum of the readings' joules over processes is
-the run's energy and that sum divided by the run's seconds its mean power.
+Every process meters its share (``start()``, ``sample()`` at will, ``stop()``); the sum of the
+readings' joules over processes is the run's energy, over the run's seconds its mean power.
 
 Public symbols: ``EnergyMeter``, ``EnergyReading``, ``probe_energy_sources``.
 """
@@ -114,8 +113,8 @@ class EnergyMeter:
                 self.detail += f"; {self.source} counter failed mid-run ({err}); "
                 self.detail += "estimated from the last good read on"
                 self._counter, self.source = None, "estimate"
-        seconds = self._clock() - self._estimate_since
-        return self._joules + self._watts * seconds
+        watts = self.config.device_power_watts * self.num_devices
+        return self._joules + watts * (self._clock() - self._estimate_since)
 
     def stop(self) -> EnergyReading:
         """Reads the counters a last time and returns the energy since ``start()``."""
@@ -127,10 +126,6 @@ class EnergyMeter:
             self._counter = None
         watts = joules / seconds if seconds > 0 else 0.0
         return EnergyReading(joules, seconds, self.source, watts, self.detail)
-
-    @property
-    def _watts(self) -> float:
-        return self.config.device_power_watts * self.num_devices
 
     def _open(self):
         c = self.config

@@ -62,15 +62,13 @@ def run_step_statistics(run: Run, field: str = "total_s") -> dict[str, float]:
     return step_statistics(times)
 
 
-def step_times(run: Run, field: str = "total_s", include_warmup: bool = False) -> np.ndarray:
+def step_times(run: Run, field: str = "total_s") -> np.ndarray:
     """The slowest rank's ``field`` (one of ``STEP_FIELDS``) of each step, float64 [num_steps]
-    by (epoch, step), without steps any rank marked warm-up unless ``include_warmup``."""
+    by (epoch, step), without the steps any rank marked warm-up."""
     if field not in STEP_FIELDS:
         raise ValueError(f"field must be one of {', '.join(STEP_FIELDS)}, got {field!r}")
     steps = _slowest_steps(run)
-    if not include_warmup:
-        steps = steps[~steps["warmup"]]
-    return steps[field].to_numpy(dtype=np.float64)
+    return steps[~steps["warmup"]][field].to_numpy(dtype=np.float64)
 
 
 def epoch_step_time(run: Run, warmup_epochs: int = 1) -> float:

@@ -53,24 +53,18 @@ class NetworkModel:
         return self.bandwidth_gbps * 1e9 / 8
 
 
+# shared-memory: least squares of the ring model to Horovod 0.28.1 Gloo allreduces between 2
+# ranks on this 2-core VM (eager hvd.allreduce of 4 KiB, 64 KiB, 1, 4, 16 MiB, median of 10:
+# 4.33, 4.02, 5.97, 11.9, 30.3 ms). Its "latency" is mostly Horovod's background cycle and eager
+# dispatch, not the wire. (MPI on 2 shared cores was noisier.)
 PRESETS: dict[str, NetworkModel] = {
-    "nvlink": NetworkModel(
-        "nvlink", 2400.0, 3.0, "NVLink 3 through NVSwitch (A100: 300 GB/s per direction)"
-    ),
-    "infiniband-hdr": NetworkModel(
-        "infiniband-hdr", 200.0, 2.0, "InfiniBand HDR, one 200 Gb/s port per node, MPI latency"
-    ),
-    "ethernet-25g": NetworkModel("ethernet-25g", 25.0, 25.0, "25 Gb Ethernet with TCP"),
-    # Least squares of the ring model to Horovod 0.28.1 Gloo allreduces between 2 ranks on this
-    # 2-core VM (eager hvd.allreduce of 4 KiB, 64 KiB, 1, 4, 16 MiB, median of 10: 4.33, 4.02,
-    # 5.97, 11.9, 30.3 ms) gives 5.15 Gb/s and 2217 us. The "latency" is mostly Horovod's
-    # background cycle and eager dispatch, not the wire. (MPI on 2 shared cores was noisier.)
-    "shared-memory": NetworkModel(
-        "shared-memory",
-        5.15,
-        2217.0,
-        "measured here: Horovod Gloo over loopback between 2 processes on one host",
-    ),
+    net.name: net
+    for net in (
+        NetworkModel("nvlink", 2400.0, 3.0, "NVLink 3 through NVSwitch (A100: 300 GB/s each way)"),
+        NetworkModel("infiniband-hdr", 200.0, 2.0, "InfiniBand HDR, a 200 Gb/s port per node"),
+        NetworkModel("ethernet-25g", 25.0, 25.0, "25 Gb Ethernet with TCP"),
+        NetworkModel("shared-memory", 5.15, 2217.0, "measured here: Gloo over loopback, 1 host"),
+    )
 }
 
 

@@ -353,11 +353,6 @@ def _scaling_of(run: Run, notes: list[str]) -> ScalingConfig:
 def _prediction(
     runs: list[Run], mode: str, scaling: ScalingConfig, measured_network: str, notes: list[str]
 ) -> tuple[Optional[dict[str, Any]], list[predict.Validation]]:
-    if measured_network not in predict.PRESETS:
-        raise ConfigError(
-            f"measured network must be one of {', '.join(predict.PRESETS)}, "
-            f"got {measured_network!r}"
-        )
     try:
         compute_s, gradient_bytes, note = predict.baseline_inputs(runs[0])
     except DataError as err:

@@ -24,14 +24,6 @@ def _sig(value: float, digits: int = 3) -> str:
     return f"{value:,.{max(0, digits - 1 - math.floor(math.log10(abs(value))))}f}"
 
 
-def _money(dollars: float) -> str:
-    return f"${dollars:,.2f}" if dollars >= 1 else f"${_sig(dollars)}"
-
-
-def _energy(joules: float) -> str:
-    return f"{_sig(joules / 1e3)} kJ" if joules >= 1e3 else f"{_sig(joules)} J"
-
-
 # Column title -> (column of the sweep report's table, how its cells are written).
 COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "N": ("n", str),
@@ -50,8 +42,11 @@ COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "graphs/s/worker": ("graphs_per_s_per_worker", _sig),
     "edges/s": ("edges_per_s", _sig),
     "edges/s/worker": ("edges_per_s_per_worker", _sig),
-    "cost/epoch": ("cost_per_epoch", _money),
-    "energy/epoch": ("energy_per_epoch_j", _energy),  # and its source
+    "cost/epoch": ("cost_per_epoch", lambda d: f"${d:,.2f}" if d >= 1 else f"${_sig(d)}"),
+    "energy/epoch": (
+        "energy_per_epoch_j",
+        lambda j: f"{_sig(j / 1e3)} kJ" if j >= 1e3 else f"{_sig(j)} J",
+    ),
     "val loss": ("val_loss", _fixed(4)),
     "AUC": ("auc", _fixed(3)),
     "edge eff.": ("edge_efficiency", _fixed(3)),

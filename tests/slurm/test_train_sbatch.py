@@ -1,9 +1,10 @@
 """run_scripts/slurm/prepare.sbatch and train.sbatch, unchanged and with their default sizes, on a
 real one-node SLURM cluster: prepare, then 2 Horovod ranks started by ``srun --mpi=pmix``
 (``--dependency=afterok``); a job with ``--time=1`` gets USR1 from SLURM before its limit
-(``--signal=B:USR1@N``), checkpoints, requeues itself and the rerun resumes to the weights of a
-run never stopped; ``scancel`` checkpoints and ends the job without requeue; ``kill -9`` of one
-rank ends the job within seconds (``--kill-on-bad-exit``)."""
+(``--signal=B:USR1@N``), checkpoints, requeues itself, and the rerun (its limit then raised, so
+that it ends in one go on a loaded machine) resumes to the weights of a run never stopped;
+``scancel`` checkpoints and ends the job without requeue; ``kill -9`` of one rank ends the job
+within seconds (``--kill-on-bad-exit``)."""
 
 import json
 import os
@@ -16,14 +17,18 @@ import pytest
 import tensorflow as tf
 
 from tests.launch import REPO
+from tests.slurm.conftest import FINAL_STATES
 
 pytestmark = [pytest.mark.slurm, pytest.mark.distributed, pytest.mark.slow]
-# Deadlines below are for a machine shared with other work.
+# Deadlines below are for a machine shared with other work (with a load of 13 on the 2 cores an
+# epoch of the run below took ~5 s).
 SCRIPT = str(REPO / "run_scripts/slurm/train.sbatch")
-# tiny: 8 training graphs, 2 ranks x 1 graph. Enough epochs that a job limited to 1 minute is
-# still training when SLURM signals it (5-35 s before the limit: it checks every 30 s).
+# tiny: 8 training graphs, 2 ranks x 1 graph. SLURM checks time limits every 30 s and signals at
+# the first check within N + 30 s of the limit: with --time=1 and --signal=B:USR1@10, 20-50 s
+# after the start, while the 40 epochs still run (the batch shell holds the signal back until
+# the ranks, maybe still starting, have installed their handler).
 EPOCHS, STEPS_PER_EPOCH = 40, 4
-LEAD_S = 5  # --signal=B:USR1@5
+LEAD_S = 10
 
 
 def train_args(dataset, run_dir, epochs=EPOCHS):
@@ -35,6 +40,7 @@ def train_args(dataset, run_dir, epochs=EPOCHS):
         f"train.epochs={epochs}",
         "train.batch_graphs=1",
         "train.progress_bar=false",
+        "distributed.deadline_s=300",  # a rank stalled a minute by other work is not dead
     ]
 
 
@@ -106,9 +112,9 @@ def chain(slurm, tmp_path_factory):
     train = submit(
         slurm, base / "train.out", f"--dependency=afterok:{prepare}", *train_args(dataset, run_dir)
     )
-    fields = slurm.wait(prepare, timeout=120)
+    fields = slurm.wait(prepare, timeout=240)
     assert fields["JobState"] == "COMPLETED", (base / "prepare.out").read_text()
-    fields = slurm.wait(train, timeout=300)
+    fields = slurm.wait(train, timeout=600)
     print(f"prepare -> train chain: {time.monotonic() - started:.1f} s from sbatch to the end")
     output = (base / "train.out").read_text()
     assert fields["JobState"] == "COMPLETED", output
@@ -135,24 +141,33 @@ def test_time_limit_signal_checkpoints_requeues_and_the_rerun_resumes_exactly(
     signalled = slurm.wait(
         job,
         timeout=limit - time.time() + 90,
-        until=lambda f: out.exists() and "SIGUSR1 received" in out.read_text(),
+        until=lambda f: f["JobState"] in FINAL_STATES
+        or (out.exists() and "SIGUSR1 received" in out.read_text()),
     )
     arrived = time.time()
-    requeued = slurm.wait(job, timeout=120, until=lambda f: f["Restarts"] != "0")
+    assert (
+        signalled["JobState"] not in FINAL_STATES
+    ), f"the run ended before SLURM signalled it: raise EPOCHS\n{out.read_text()}"
+    requeued = slurm.wait(
+        job, timeout=180, until=lambda f: f["Restarts"] != "0" or f["JobState"] in FINAL_STATES
+    )
     requeued_at = time.time()
-    slurm.wait(job, timeout=120, until=lambda f: "SLURM_RESTART_COUNT=1" in out.read_text())
+    assert requeued["Restarts"] == "1", (requeued, out.read_text())
+    # The rerun may take minutes on a loaded machine: give it time to finish in one go rather
+    # than be signalled and requeued again every minute.
+    slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=10")
+    slurm.wait(job, timeout=180, until=lambda f: "SLURM_RESTART_COUNT=1" in out.read_text())
     rerun_at = time.time()
-    fields = slurm.wait(job, timeout=300)
+    fields = slurm.wait(job, timeout=600)
     output = out.read_text()
     print(
         f"--time=1 --signal=B:USR1@{LEAD_S}: USR1 {limit - arrived:.1f} s before the limit "
         f"({arrived - epoch_seconds(first['StartTime']):.1f} s after the start; batch shell at "
         f"{when(output, 'SIGUSR1 received')}); signal -> requeued {requeued_at - arrived:.1f} s, "
         f"requeued -> rerun started {rerun_at - requeued_at:.1f} s, rerun "
-        f"{time.time() - rerun_at:.1f} s; restarts {fields['Restarts']}"
+        f"{time.time() - rerun_at:.1f} s"
     )
-    assert signalled["JobState"] == "RUNNING" and requeued["JobState"] in ("PENDING", "RUNNING")
-    assert fields["JobState"] == "COMPLETED" and int(fields["Restarts"]) >= 1, (fields, output)
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", (fields, output)
     assert "stopped by a signal (SIGUSR1 here)" in output, output
     assert f"requeueing job {job}" in output, output
     assert "TIMEOUT" not in output and "CANCELLED" not in output, output
