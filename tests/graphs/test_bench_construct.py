@@ -21,3 +21,10 @@ def test_benchmark_prints_and_records_every_figure(tmp_path, capsys):
     records = json.loads(out.read_text())
     assert set(records["graphs"]) == set(construct.CONSTRUCTIONS)
     assert all(len(seconds) == 1 for seconds in records["timings"].values())
+
+
+def test_compare_real_prints_the_table(capsys):
+    assert construct.main(["--compare-real", "--num-particles", "200", "--events", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "| figure | real (physics.md) | synthetic | synthetic / real | within +-30% |" in text
+    assert "| pT > 1: edges per graph | 15,100-15,300 |" in text
