@@ -71,6 +71,14 @@ done
 [ ${#missing[@]} -eq 0 ] || die "not installed: ${missing[*]}" \
     "apt-get install podman buildah runc mmdebstrap uidmap python3"
 
+# One run at a time: two would build and run the same image tag under each other.
+lock=/tmp/hvdtrack-container-test.lock
+exec 9>>"$lock"
+if ! flock --nonblock 9; then
+    say "another run holds $lock; waiting for it (at most $build_s s)"
+    flock --wait "$build_s" 9 || die "another run_scripts/container_test.sh still holds $lock after $build_s s"
+fi
+
 # ---------------------------------------------------------------- what this run makes, and its cleanup
 tmp="$(mktemp -d /tmp/hvdtrack-ctest.XXXXXX)"
 containers=() # names of the containers started here, removed on exit whatever happened
@@ -125,7 +133,7 @@ fi
 
 # ---------------------------------------------------------------- 1. the base image
 if podman image exists "$base"; then
-    say "base image: $(podman image inspect --format '{{index .RepoTags 0}} ({{.Id}})' "$base" | cut -c1-80)"
+    say "base image: $(podman image inspect --format '{{index .RepoTags 0}} {{.Id}}' "$base" | cut -c1-60)"
 elif timeout 120 podman pull --quiet "docker.io/library/$base" >"$tmp/pull.log" 2>&1; then
     say "base image: pulled docker.io/library/$base"
 else
@@ -168,6 +176,7 @@ ca="${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}"
 [ -f "$ca" ] || die "CA bundle $ca not found" "set PIP_CERT to this host's CA bundle"
 printf '[global]\ncert = /run/hvdtrack-build-ca.crt\n' >"$tmp/etc/pip.conf"
 say "building $image from docker/Dockerfile (Horovod compiles unless its wheel is cached: minutes)"
+previous="$(podman image inspect --format '{{.Id}}' "$image" 2>/dev/null || true)"
 t0=$(date +%s.%N)
 set +e
 timeout --kill-after=30 "$build_s" podman build --format docker "${no_cache[@]}" \
@@ -188,6 +197,11 @@ elif grep -q '^\[install\] building Horovod' "$tmp/build.log"; then
     horovod="compiled"
 else
     horovod="cached wheel"
+fi
+# The image this build replaced, now untagged: removed if this script made it.
+if [ -n "$previous" ] && [ "$previous" != "$(podman image inspect --format '{{.Id}}' "$image")" ] &&
+    [ "$(podman image inspect --format '{{index .Labels "org.hvdtrack.made-by"}} {{len .RepoTags}}' "$previous" 2>/dev/null)" = "${label#*=} 0" ]; then
+    podman rmi "$previous" >/dev/null 2>&1 || say "could not remove the replaced image $previous"
 fi
 size=$(podman image inspect --format '{{.Size}}' "$image")
 say "build: $build_time s (Horovod: $horovod); image $image $(python3 -c "import sys; print(f'{int(sys.argv[1]) / 1e9:.2f}')" "$size") GB"
