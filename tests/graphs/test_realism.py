@@ -51,3 +51,14 @@ def test_compare_gives_every_figure_on_small_events():
     assert abs(values["noise hits, whole event"] - cfg.noise_fraction) < 0.01
     # with double hits a graph has more nodes than without
     assert values["with double hits, pT > 1: nodes per graph"] > values["pT > 1: nodes per graph"]
+
+
+def test_a_default_event_lands_within_thirty_percent_of_the_real_figures():
+    rows = realism.compare([generate_event(SyntheticConfig(), 1000, seed=1)])
+    # the maximum of hits per particle depends on how many particles are looked at
+    missed = [
+        (label, low, high, value)
+        for label, low, high, value in rows
+        if realism.within(low, high, value) is False and "max" not in label
+    ]
+    assert not missed
