@@ -133,7 +133,8 @@ fi
 
 # ---------------------------------------------------------------- 1. the base image
 if podman image exists "$base"; then
-    say "base image: $(podman image inspect --format '{{index .RepoTags 0}} {{.Id}}' "$base" | cut -c1-60)"
+    base_id="$(podman image inspect --format '{{.Id}}' "$base")"
+    say "base image: $(podman image inspect --format '{{index .RepoTags 0}}' "$base") ${base_id:0:12}"
 elif timeout 120 podman pull --quiet "docker.io/library/$base" >"$tmp/pull.log" 2>&1; then
     say "base image: pulled docker.io/library/$base"
 else

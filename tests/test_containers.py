@@ -437,13 +437,25 @@ def test_container_test_script_is_shellcheck_clean():
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-def test_container_test_script_rejects_an_unknown_argument():
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--fast"], {}, "unknown argument '--fast'"),
+        ([], {"HVDTRACK_CTEST_EPOCHS": "0"}, "HVDTRACK_CTEST_EPOCHS must be a positive integer"),
+        ([], {"HVDTRACK_CTEST_RUN_S": "ten"}, "must be a positive number of seconds, got 'ten'"),
+    ],
+)
+def test_container_test_script_rejects_bad_input_before_doing_anything(args, env, message):
     run = subprocess.run(
-        ["bash", str(CONTAINER_TEST), "--fast"], capture_output=True, text=True, timeout=60
+        ["bash", str(CONTAINER_TEST), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
     )
     assert run.returncode == 1
-    assert "unknown argument '--fast'" in run.stderr
-    assert "usage: bash run_scripts/container_test.sh" in run.stderr
+    assert message in run.stderr
+    assert run.stdout == ""
 
 
 @pytest.mark.containers
