@@ -350,9 +350,8 @@ class SegmentClassifier(snt.Module):
                 both = tf.concat([encoded_edges, edges], axis=-1)
                 edges = self._edge_update(latent.replace(nodes=core_nodes, edges=both)).edges
             updated = self._node_update(latent.replace(nodes=core_nodes, edges=edges))
-            if not output:
-                return updated.nodes, updated.edges, tf.zeros([0], edges.dtype)
-            return updated.nodes, updated.edges, self._edge_output(updated).edges
+            logits = self._edge_output(updated).edges if output else tf.zeros([0], edges.dtype)
+            return updated.nodes, updated.edges, logits
 
         steps = {True: core, False: functools.partial(core, output=False)}
         if recompute:

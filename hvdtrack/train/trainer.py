@@ -76,6 +76,18 @@ class Trainer:
         reason = unsupported_reason(config.model.precision, has_gpu, cpu_flags())
         if reason:
             raise ConfigError(reason)
+        if config.model.recompute:
+            # tf.recompute_grad defers each step's recomputation to the backward pass through a
+            # data dependency that these grappler passes fold away (the recomputation then runs
+            # in the forward pass and the memory is not saved: 638 MB peak instead of 412 MB,
+            # 5k nodes / 40k edges). Process-wide: they are off for every function from here on.
+            tf.config.optimizer.set_experimental_options(
+                {
+                    "constant_folding": False,
+                    "arithmetic_optimization": False,
+                    "dependency_optimization": False,
+                }
+            )
         self.dataset_dir = Path(config.data.dataset_dir)
         tc, dc = config.train, config.distributed
         self._plan: EpochPlan | None = None
