@@ -151,7 +151,9 @@ class PipelinedClassifier:
       devices: one device name per stage (default: ``stage_devices(config.stages)``).
 
     Raises:
-      ConfigError: more stages than message-passing steps, or a device list of another length.
+      ConfigError: more stages than message-passing steps, a device list of another length,
+        or a model setting the stages do not follow (``precision`` other than float32,
+        ``recompute``).
     """
 
     def __init__(
@@ -160,6 +162,13 @@ class PipelinedClassifier:
         config: PipelineConfig,
         devices: Optional[Sequence[str]] = None,
     ):
+        for key, plain in (("precision", "float32"), ("recompute", False)):
+            value = getattr(model.config, key, plain)
+            if value != plain:
+                raise ConfigError(
+                    f"'model.{key}' is {value!r}: pipeline stages run the float32 forward "
+                    f"without recompute; set model.{key}={plain} or distributed.pipeline.stages=1"
+                )
         self.model = model
         self.config = config
         self.steps = stage_steps(model.config.num_message_passing_steps, config.stages)

@@ -66,6 +66,15 @@ def batch(sizes, seed=0):
     return merge_graphs({k: tf.constant(v) for k, v in values.items()}, n_node, n_edge)
 
 
+@pytest.mark.parametrize("key, value", [("precision", "bfloat16"), ("recompute", True)])
+def test_model_settings_the_stages_do_not_follow_are_refused(key, value):
+    import dataclasses
+
+    net = SegmentClassifier(dataclasses.replace(model().config, **{key: value}))
+    with pytest.raises(ConfigError, match=f"'model.{key}'"):
+        PipelinedClassifier(net, PipelineConfig(2, 2), ["/CPU:0"] * 2)
+
+
 def test_split_batch_cuts_whole_graphs_with_local_indices():
     graphs = GraphsTuple(
         nodes=tf.reshape(tf.range(7, dtype=tf.float32), [7, 1]),
