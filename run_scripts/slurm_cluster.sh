@@ -141,7 +141,7 @@ stop() {
         local jobs
         jobs="$(SLURM_CONF="$conf" squeue -h -o %i 2>/dev/null || true)"
         if [ -n "$jobs" ]; then
-            say "cancelling jobs: $(echo $jobs)"
+            say "cancelling jobs: ${jobs//$'\n'/ }"
             # shellcheck disable=SC2086
             SLURM_CONF="$conf" scancel $jobs 2>/dev/null || true
             poll no_jobs ||

@@ -150,7 +150,8 @@ class SlurmOptions:
         else:
             nodes, per_node = self.layout(n)
             given = {"nodes": nodes, "ntasks-per-node": per_node}
-            given |= {"cpus-per-task": self.cpus_per_task, "gpus-per-node": self.gpus_per_node}
+            gpus = self.gpus_per_node and min(self.gpus_per_node, per_node)  # one per rank
+            given |= {"cpus-per-task": self.cpus_per_task, "gpus-per-node": gpus}
         return [f"--{key}={value}" for key, value in given.items() if value is not None]
 
 

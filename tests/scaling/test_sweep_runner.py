@@ -140,6 +140,8 @@ def test_slurm_sweep_copies_the_scripts_and_submits_them_quoted(config, tmp_path
         f"train.run_dir={tmp_path / 'out' / 'strong-np8'} 'data.dataset_dir=my data')\")"
     ) in lines
     assert 'after=(--dependency=afterok:"$prepare")' in lines
+    assert options.options(4)[-1] == "--gpus-per-node=4"
+    assert sweep.SlurmOptions(gpus_per_node=4).options(2)[-1] == "--gpus-per-node=2"
     assert any(line.startswith('report="$(submit "${after[@]}" --job-name=') for line in lines)
     assert not any("#SBATCH" in line for line in lines)  # the scripts' own lines apply
 
