@@ -37,7 +37,8 @@ from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.scaling import maths, predict
 from hvdtrack.scaling.config import ScalingConfig
 from hvdtrack.train import timing
-from hvdtrack.train.timing import Run, flatten_config, read_run
+from hvdtrack.train.runinfo import flatten_config
+from hvdtrack.train.timing import Run, read_run
 from hvdtrack.utils.io import atomic_write, write_json
 
 VARYING_KEYS = (

@@ -33,7 +33,7 @@ import tensorflow as tf
 from hvdtrack.config import Config, config_to_dict
 from hvdtrack.errors import TrainingError
 from hvdtrack.scaling.energy import EnergyMeter
-from hvdtrack.train import console, elastic, outputs, rundir, timing
+from hvdtrack.train import console, elastic, outputs, rundir, runinfo, timing
 from hvdtrack.train.trainer import Trainer
 from hvdtrack.utils import memory
 
@@ -400,9 +400,9 @@ class _Fit:
     def _info(self, status: str, metrics, energy=None) -> dict[str, Any]:
         cfg_dict = config_to_dict(self.cfg)
         described = self.workers.describe()
-        return timing.make_run_info(
+        return runinfo.make_run_info(
             config_name=self.cfg.name,
-            config_hash=timing.hash_config(cfg_dict),
+            config_hash=runinfo.hash_config(cfg_dict),
             strategy=described.pop("strategy"),
             num_workers=described.pop("num_workers"),
             batch_graphs=self.tc.batch_graphs,

@@ -12,7 +12,7 @@ from typing import Any
 
 from hvdtrack.config import Config, config_to_dict, dump_config
 from hvdtrack.errors import ConfigError
-from hvdtrack.train.timing import flatten_config
+from hvdtrack.train.runinfo import flatten_config
 from hvdtrack.utils.io import write_json
 
 # What a resumed run may change: how long it runs, how it logs, checkpoints and launches. Any

@@ -5,7 +5,7 @@ is the one definition of their format. A run directory holds two files written b
 (rank 0) after gathering every rank's records:
 
 - ``run.json``: the run's description (``info``): worker count, batches, status, metrics, energy,
-  the resolved config. Built with ``make_run_info``; extra keys are kept and ignored.
+  the resolved config. Built with ``hvdtrack.train.runinfo.make_run_info``; extra keys are kept and ignored.
 - ``timing.jsonl``: one JSON object per line, a header ``{"kind": "header", "schema": 2}`` then
   ``{"kind": "step", ...StepRecord fields}`` and ``{"kind": "epoch", ...EpochRecord fields}``.
 
@@ -20,31 +20,34 @@ at the gradient exchange is derived from all ranks' step records by ``collective
 atomically, timing first, so a reader never sees ``status: finished`` before the final timing.
 
 Public symbols: ``StepRecord``, ``EpochRecord``, ``EPOCH_PARTS``, ``Run``, ``collective_waits``,
-``epoch_accounts``, ``REST_LIMIT``, ``make_run_info``, ``hash_config``, ``write_run``,
+``epoch_accounts``, ``REST_LIMIT``, ``write_run``,
 ``read_run``, ``RUN_INFO_FILE``, ``TIMING_FILE``, ``SCHEMA_VERSION``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import hashlib
 import json
 import math
 import os
-import socket
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from hvdtrack.errors import DataError
+from hvdtrack.train.runinfo import (
+    check_run_info,
+    plain,
+    read_bool,
+    read_int,
+    read_metrics,
+    read_number,
+    read_seconds,
+)
 from hvdtrack.utils.io import atomic_write, write_json
 
 RUN_INFO_FILE = "run.json"
 TIMING_FILE = "timing.jsonl"
 SCHEMA_VERSION = 2
-STATUSES = ("running", "stopped", "finished", "failed")
-ENERGY_SOURCES = ("rapl", "nvml", "estimate")
-STRATEGIES = ("local", "horovod", "mirrored", "multiworker")
 # The parts of an epoch's wall time on one rank, in seconds (fields of EpochRecord).
 EPOCH_PARTS = (
     "data_s",
@@ -92,16 +95,16 @@ class StepRecord:
     def from_dict(cls, data: Mapping[str, Any]) -> StepRecord:
         """Builds a record from a mapping (e.g. a parsed JSON line); ValueError names the field."""
         return cls(
-            epoch=_int(data, "epoch"),
-            step=_int(data, "step"),
-            rank=_int(data, "rank"),
-            data_s=_seconds(data, "data_s"),
-            compute_s=_seconds(data, "compute_s"),
-            exchange_s=_seconds(data, "exchange_s"),
-            total_s=_seconds(data, "total_s"),
-            graphs=_int(data, "graphs"),
-            edges=_int(data, "edges"),
-            warmup=_bool(data, "warmup"),
+            epoch=read_int(data, "epoch"),
+            step=read_int(data, "step"),
+            rank=read_int(data, "rank"),
+            data_s=read_seconds(data, "data_s"),
+            compute_s=read_seconds(data, "compute_s"),
+            exchange_s=read_seconds(data, "exchange_s"),
+            total_s=read_seconds(data, "total_s"),
+            graphs=read_int(data, "graphs"),
+            edges=read_int(data, "edges"),
+            warmup=read_bool(data, "warmup"),
         )
 
 
@@ -162,18 +165,18 @@ class EpochRecord:
     def from_dict(cls, data: Mapping[str, Any]) -> EpochRecord:
         """Builds a record from a mapping (e.g. a parsed JSON line); ValueError names the field."""
         return cls(
-            epoch=_int(data, "epoch"),
-            rank=_int(data, "rank"),
-            time_s=_seconds(data, "time_s"),
-            wall_s=_seconds(data, "wall_s"),
-            steps=_int(data, "steps"),
-            graphs=_int(data, "graphs"),
-            edges=_int(data, "edges"),
-            train_loss=_number(data, "train_loss"),
-            val=_metrics(data, "val", optional=True),
-            **{part: _seconds(data, part) for part in EPOCH_PARTS},
+            epoch=read_int(data, "epoch"),
+            rank=read_int(data, "rank"),
+            time_s=read_seconds(data, "time_s"),
+            wall_s=read_seconds(data, "wall_s"),
+            steps=read_int(data, "steps"),
+            graphs=read_int(data, "graphs"),
+            edges=read_int(data, "edges"),
+            train_loss=read_number(data, "train_loss"),
+            val=read_metrics(data, "val", optional=True),
+            **{part: read_seconds(data, part) for part in EPOCH_PARTS},
             **{
-                key: _int(data, key, optional=True)
+                key: read_int(data, key, optional=True)
                 for key in ("workers", "peak_rss_bytes", "peak_gpu_bytes")
                 if key in data
             },
@@ -256,122 +259,6 @@ class Run:
         return self.path.name
 
 
-def make_run_info(
-    *,
-    config_name: str,
-    config_hash: str,
-    strategy: str,
-    num_workers: int,
-    batch_graphs: int,
-    learning_rate: float,
-    epochs: int,
-    device_kind: str,
-    config: Mapping[str, Any],
-    global_batch_graphs: Optional[int] = None,
-    status: str = "running",
-    started: Optional[str] = None,
-    finished: Optional[str] = None,
-    host: Optional[str] = None,
-    threads_per_worker: Optional[int] = None,
-    num_params: Optional[int] = None,
-    gradient_bytes: Optional[int] = None,
-    graphs_processed: int = 0,
-    edges_processed: int = 0,
-    metrics: Optional[Mapping[str, float]] = None,
-    energy: Optional[Mapping[str, Any]] = None,
-    **extra: Any,
-) -> dict[str, Any]:
-    """Builds the ``info`` dict of ``run.json``, filling defaults and checking every field.
-
-    Args:
-      config_name: the config's name (e.g. the YAML file's stem).
-      config_hash: ``hash_config`` of the resolved config (or any stable digest).
-      strategy: "local", "horovod", "mirrored" or "multiworker".
-      num_workers: workers (replicas) of the run.
-      batch_graphs: graphs per worker per step.
-      learning_rate: the effective learning rate after any scaling with the worker count.
-      epochs: epochs configured.
-      device_kind: e.g. "cpu-core" or "gpu".
-      config: the resolved config as nested dicts.
-      global_batch_graphs: graphs per step over all workers; default
-        ``batch_graphs * num_workers``.
-      status: "running", "finished" or "failed".
-      started, finished: ISO 8601 times; ``started`` defaults to now (UTC).
-      host: default ``socket.gethostname()``.
-      threads_per_worker, num_params: as measured; optional.
-      gradient_bytes: bytes allreduced per step (sum over trainable variables); needed for
-        predictions.
-      graphs_processed, edges_processed: totals over all workers and epochs so far.
-      metrics: final validation metrics: loss, auc, efficiency, purity, accuracy.
-      energy: ``EnergyReading.to_info()`` with ``joules`` replaced by the sum over all
-        processes: joules (the run's total), seconds (metered wall time), source
-        ("rapl"/"nvml"/"estimate"), watts. Reports use joules / seconds as the run's mean power
-        (``watts`` when ``seconds`` is absent).
-      **extra: kept as they are.
-
-    Returns:
-      The info dict.
-
-    Raises:
-      DataError: a field has the wrong type or an impossible value (the message names it).
-    """
-    info: dict[str, Any] = {
-        "config_name": config_name,
-        "config_hash": config_hash,
-        "strategy": strategy,
-        "num_workers": num_workers,
-        "batch_graphs": batch_graphs,
-        "global_batch_graphs": (
-            batch_graphs * num_workers if global_batch_graphs is None else global_batch_graphs
-        ),
-        "learning_rate": learning_rate,
-        "epochs": epochs,
-        "status": status,
-        "started": started or _now(),
-        "finished": finished,
-        "host": host or socket.gethostname(),
-        "device_kind": device_kind,
-        "threads_per_worker": threads_per_worker,
-        "num_params": num_params,
-        "gradient_bytes": gradient_bytes,
-        "graphs_processed": graphs_processed,
-        "edges_processed": edges_processed,
-        "metrics": dict(metrics) if metrics is not None else None,
-        "energy": dict(energy) if energy is not None else None,
-        "config": _plain(config),
-    }
-    info.update(extra)
-    _check_info(info, "run info")
-    return info
-
-
-def hash_config(config: Mapping[str, Any], exclude: Iterable[str] = ("train.run_dir",)) -> str:
-    """A short stable digest of a nested config mapping, leaving out dotted keys in ``exclude``.
-
-    Args:
-      config: the resolved config as nested dicts.
-      exclude: dotted keys (``"train.run_dir"``) or whole sections (``"scaling"``) to leave out.
-
-    Returns:
-      16 hex digits of the SHA-256 of the canonical JSON.
-    """
-    flat = {k: v for k, v in flatten_config(config).items() if not _excluded(k, exclude)}
-    text = json.dumps(flat, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def flatten_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested mapping -> ``{"section.key": value}`` (lists and scalars are leaves)."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten_config(value, f"{name}."))
-        else:
-            flat[name] = list(value) if isinstance(value, tuple) else value
-    return flat
-
-
 def write_run(
     run_dir: str | os.PathLike,
     info: Mapping[str, Any],
@@ -393,14 +280,14 @@ def write_run(
     """
     run_dir = Path(run_dir)
     info = dict(info)
-    _check_info(info, f"run info for {run_dir}")
+    check_run_info(info, f"run info for {run_dir}")
     with atomic_write(run_dir / TIMING_FILE) as f:
         f.write(json.dumps({"kind": "header", "schema": SCHEMA_VERSION}) + "\n")
         # vars() rather than dataclasses.asdict: the records are flat and asdict deep-copies.
         encode = json.JSONEncoder().encode
         f.writelines(encode({"kind": "step", **vars(r)}) + "\n" for r in steps)
         f.writelines(encode({"kind": "epoch", **vars(r)}) + "\n" for r in epochs)
-    write_json(run_dir / RUN_INFO_FILE, _plain(info))
+    write_json(run_dir / RUN_INFO_FILE, plain(info))
 
 
 def read_run(run_dir: str | os.PathLike) -> Run:
@@ -436,7 +323,7 @@ def read_run(run_dir: str | os.PathLike) -> Run:
         raise DataError(f"{info_path}: not valid JSON ({err})") from None
     if not isinstance(info, dict):
         raise DataError(f"{info_path}: must hold a JSON object, got {type(info).__name__}")
-    _check_info(info, str(info_path))
+    check_run_info(info, str(info_path))
 
     steps: list[StepRecord] = []
     epochs: list[EpochRecord] = []
@@ -507,121 +394,3 @@ def _fast_step(data: dict[str, Any]) -> Optional[StepRecord]:
     return StepRecord(
         epoch, step, rank, data_s, compute_s, exchange_s, total_s, graphs, edges, warmup
     )
-
-
-def _check_info(info: Mapping[str, Any], where: str) -> None:
-    try:
-        for key in ("config_name", "config_hash", "strategy", "status"):
-            _str(info, key)
-        for key in ("num_workers", "batch_graphs", "global_batch_graphs"):
-            if _int(info, key) < 1:
-                raise ValueError(f"'{key}' must be >= 1, got {info[key]}")
-        if info["status"] not in STATUSES:
-            raise ValueError(
-                f"'status' must be one of {', '.join(STATUSES)}, got {info['status']!r}"
-            )
-        if info["strategy"] not in STRATEGIES:
-            raise ValueError(
-                f"'strategy' must be one of {', '.join(STRATEGIES)}, got {info['strategy']!r}"
-            )
-        if "learning_rate" in info:
-            _number(info, "learning_rate")
-        for key in ("epochs", "graphs_processed", "edges_processed"):
-            if key in info:
-                _int(info, key)
-        for key in ("threads_per_worker", "num_params", "gradient_bytes"):
-            if key in info:
-                _int(info, key, optional=True)
-        for key in ("started", "finished", "host", "device_kind"):
-            if key in info and info[key] is not None:
-                _str(info, key)
-        if "metrics" in info:
-            _metrics(info, "metrics", optional=True)
-        if info.get("energy") is not None:
-            energy = info["energy"]
-            if not isinstance(energy, Mapping):
-                raise ValueError(f"'energy' must be an object, got {type(energy).__name__}")
-            _seconds(energy, "joules", name="energy.joules")
-            _seconds(energy, "watts", name="energy.watts")
-            if energy.get("source") not in ENERGY_SOURCES:
-                raise ValueError(
-                    f"'energy.source' must be one of {', '.join(ENERGY_SOURCES)}, "
-                    f"got {energy.get('source')!r}"
-                )
-        if info.get("config") is not None and not isinstance(info["config"], Mapping):
-            raise ValueError(f"'config' must be an object, got {type(info['config']).__name__}")
-    except ValueError as err:
-        raise DataError(f"{where}: {err}") from None
-
-
-def _get(data: Mapping[str, Any], key: str, name: str) -> Any:
-    if key not in data:
-        raise ValueError(f"missing '{name}'")
-    return data[key]
-
-
-def _int(data: Mapping[str, Any], key: str, optional: bool = False) -> Any:
-    value = _get(data, key, key)
-    if optional and value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"'{key}' must be an integer, got {value!r}")
-    if value < 0:
-        raise ValueError(f"'{key}' must be >= 0, got {value}")
-    return value
-
-
-def _number(data: Mapping[str, Any], key: str, name: str = "") -> float:
-    value = _get(data, key, name or key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"'{name or key}' must be a number, got {value!r}")
-    return float(value)
-
-
-def _seconds(data: Mapping[str, Any], key: str, optional: bool = False, name: str = "") -> Any:
-    if optional and data.get(key, 0) is None:
-        return None
-    value = _number(data, key, name)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"'{name or key}' must be a finite number >= 0, got {value!r}")
-    return value
-
-
-def _bool(data: Mapping[str, Any], key: str) -> bool:
-    value = _get(data, key, key)
-    if not isinstance(value, bool):
-        raise ValueError(f"'{key}' must be true or false, got {value!r}")
-    return value
-
-
-def _str(data: Mapping[str, Any], key: str) -> str:
-    value = _get(data, key, key)
-    if not isinstance(value, str):
-        raise ValueError(f"'{key}' must be a string, got {value!r}")
-    return value
-
-
-def _metrics(data: Mapping[str, Any], key: str, optional: bool = False) -> Any:
-    value = _get(data, key, key)
-    if optional and value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise ValueError(f"'{key}' must be an object of numbers, got {value!r}")
-    return {str(k): _number(value, k, f"{key}.{k}") for k in value}
-
-
-def _excluded(key: str, exclude: Iterable[str]) -> bool:
-    return any(key == e or key.startswith(f"{e}.") for e in exclude)
-
-
-def _plain(value: Any) -> Any:
-    # Tuples from frozen config dataclasses become lists, as JSON would make them anyway.
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
