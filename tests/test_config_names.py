@@ -21,7 +21,7 @@ from hvdtrack.config import (
 from hvdtrack.errors import ConfigError
 from tests.launch import REPO, worker_env
 
-NAMES = ["default", "full", "tiny", "trackml"]
+NAMES = ["barrel_pt05", "default", "full", "tiny", "trackml"]
 
 
 def run(*args, cwd):
@@ -41,6 +41,7 @@ def run(*args, cwd):
 def test_packaged_configs_are_in_the_installed_package():
     files = resources.files("hvdtrack") / "configs"
     assert sorted(p.name for p in files.iterdir() if p.name.endswith(".yaml")) == [
+        "barrel_pt05.yaml",
         "default.yaml",
         "full.yaml",
         "tiny.yaml",
@@ -125,10 +126,10 @@ def test_unknown_name_lists_the_packaged_names(tmp_path, monkeypatch):
         resolve_config_path("tinny")
     assert str(err.value) == (
         "--config tinny: no such file, and no packaged configuration of that name "
-        "(did you mean 'tiny'?); packaged configurations: default, full, tiny, trackml; "
+        "(did you mean 'tiny'?); packaged configurations: barrel_pt05, default, full, tiny, trackml; "
         "or give the path of a YAML file"
     )
-    with pytest.raises(ConfigError, match=r"packaged configurations: default, full, tiny, trackml"):
+    with pytest.raises(ConfigError, match=r"packaged configurations: barrel_pt05, default, full, tiny, trackml"):
         resolve_config_path("xyz")
 
 
@@ -150,7 +151,7 @@ def test_names_from_any_directory_and_unknown_name(tmp_path):
     assert bad.returncode == 2
     assert "Traceback" not in bad.stderr
     assert bad.stderr.startswith("hvdtrack: error: --config tinny: no such file")
-    assert "packaged configurations: default, full, tiny, trackml" in bad.stderr
+    assert "packaged configurations: barrel_pt05, default, full, tiny, trackml" in bad.stderr
 
 
 def test_prepare_takes_a_name(tmp_path):

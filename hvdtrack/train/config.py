@@ -6,6 +6,7 @@ import dataclasses
 from typing import Literal, Optional
 
 from hvdtrack.configtools import check
+from hvdtrack.inputs.subgraphs import SubgraphConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -14,6 +15,10 @@ class TrainConfig:
 
     ``batch_graphs`` is per worker (per replica) and per step; the global batch is
     ``batch_graphs * num_workers * backward_passes_per_step``.
+
+    ``subgraphs`` (``hvdtrack.inputs.subgraphs.SubgraphConfig``) switches training to subgraph
+    mini-batches: seed edges with their k-hop neighbourhoods, the loss on the seeds only;
+    validation stays on whole graphs.
 
     ``stop_after_steps`` ends this invocation after that many optimizer steps with a checkpoint
     (status "stopped"), e.g. to fit a batch job's time limit; running the same command again
@@ -60,6 +65,7 @@ class TrainConfig:
     progress_bar: bool = True
     progress_interval_s: float = 30.0
     verify_checksums: bool = True
+    subgraphs: SubgraphConfig = dataclasses.field(default_factory=SubgraphConfig)
 
     def __post_init__(self):
         check(self.epochs >= 1, "epochs", "must be >= 1")

@@ -429,6 +429,8 @@ class _Fit:
             stopped_by="signal" if self.preempted and status == "stopped" else None,
             dataset_digest=self.t.dataset_digest,
             elastic_resets=list(self.resets) if self.elastic else None,
+            # whole graphs, or subgraph mini-batches (train.subgraphs; records count seed edges)
+            input_mode="subgraphs" if self.tc.subgraphs.enabled else "graphs",
             **described,
         )
 

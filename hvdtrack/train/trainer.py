@@ -209,13 +209,18 @@ class Trainer:
         return self._plan
 
     def _make_plan(self, epoch: int) -> EpochPlan:
+        tc = self.config.train
         return pipeline.plan_train_epoch(
             self.manifest,
             self.workers.num_replicas,
-            self.config.train.batch_graphs,
-            self.config.train.seed,
+            tc.batch_graphs,
+            tc.seed,
             epoch,
             dataset=str(self.dataset_dir),
+            # train.subgraphs.enabled: units of seed edges with their neighbourhoods
+            subgraphs=tc.subgraphs.sampling(
+                self.config.model.num_message_passing_steps, tc.true_weight, tc.fake_weight
+            ),
         )
 
     # ----------------------------------------------------------------------------- compiled steps

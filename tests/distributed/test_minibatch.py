@@ -1,10 +1,9 @@
 """Subgraph mini-batch training under ``horovodrun -np 2``: the real loop trains on sampled
 subgraphs and validates on whole graphs.
 
-The trainer does not read a ``train.subgraphs`` section yet; this module's program
-(``python tests/distributed/test_minibatch.py CONFIG DATASET OUT SEED_EDGES [overrides]``)
-plans the epochs with ``plan_train_epoch(..., subgraphs=...)`` through a ``Trainer`` subclass,
-which is the one-line change ``Trainer._make_plan`` needs (see ``hvdtrack.inputs.subgraphs``).
+This module's program (``python tests/distributed/test_minibatch.py CONFIG DATASET OUT
+SEED_EDGES [overrides]``) trains with ``train.subgraphs.enabled=true``, as
+``python -m hvdtrack.train`` does with that override.
 """
 
 from __future__ import annotations
@@ -22,30 +21,11 @@ PROGRAM = "tests/distributed/test_minibatch.py"
 
 def run_program() -> None:
     from hvdtrack.config import load_config
-    from hvdtrack.inputs import pipeline
-    from hvdtrack.inputs.subgraphs import SubgraphConfig
     from hvdtrack.train.loop import fit
     from hvdtrack.train.timing import read_run
     from hvdtrack.train.trainer import Trainer
 
     config_path, dataset, out, seed_edges, *overrides = sys.argv[1:]
-    subgraphs = SubgraphConfig(enabled=True, seed_edges=int(seed_edges))
-
-    class MiniBatchTrainer(Trainer):
-        def _make_plan(self, epoch):
-            tc = self.config.train
-            return pipeline.plan_train_epoch(
-                self.manifest,
-                self.workers.num_replicas,
-                tc.batch_graphs,
-                tc.seed,
-                epoch,
-                dataset=str(self.dataset_dir),
-                subgraphs=subgraphs.sampling(
-                    self.config.model.num_message_passing_steps, tc.true_weight, tc.fake_weight
-                ),
-            )
-
     out = Path(out)
     config = load_config(
         config_path,
@@ -54,10 +34,12 @@ def run_program() -> None:
             f"train.run_dir={out / 'run'}",
             "distributed.strategy=horovod",
             "train.progress_bar=false",
+            "train.subgraphs.enabled=true",
+            f"train.subgraphs.seed_edges={seed_edges}",
             *overrides,
         ],
     )
-    trainer = MiniBatchTrainer(config)
+    trainer = Trainer(config)
     trainer.restore(None)  # rank 0's initial weights everywhere
     plan = trainer.plan(0)
     first = next(trainer.batches(0, 0))[0]
@@ -69,6 +51,7 @@ def run_program() -> None:
         json.dumps(
             {
                 "status": info["status"],
+                "input_mode": info["input_mode"],
                 "num_workers": trainer.workers.num_replicas,
                 "steps_per_epoch": trainer.steps_per_epoch,
                 "plan_steps": plan.num_steps,
@@ -103,6 +86,7 @@ def test_minibatch_training_on_two_horovod_workers_validates_on_whole_graphs(
     units = int(np.sum(-(-train.num_edges // 32)))
     for row in rows:
         assert row["status"] == "finished" and row["num_workers"] == 2
+        assert row["input_mode"] == "subgraphs"
         assert row["plan_units"] == units and row["plan_steps"] == units // (2 * 2)
         assert row["steps_per_epoch"] == row["plan_steps"]  # more steps than whole graphs (2)
         # A step's batch: 2 subgraphs, each smaller than a whole graph, loss on its seeds only.
