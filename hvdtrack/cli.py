@@ -36,9 +36,9 @@ COMMANDS = {
         "hvdtrack.scaling.__main__",
         "run a strong/weak scaling sweep, or report on run directories",
     ),
-    # The benchmarks choose TensorFlow's allocator themselves (bench model --bfc-allocator).
+    # The model bench applies training's settings (its allocator) itself.
     "bench": Command(
-        "hvdtrack.bench.__main__", "benchmarks: construct, read, model, distributed", entry.QUIET
+        "hvdtrack.bench.__main__", "benchmarks: construct, read, model, distributed, pipeline", entry.QUIET
     ),
 }
 

@@ -25,7 +25,7 @@ TRAINING: Mapping[str, str] = {
     **QUIET,
     # The default CPU allocator returns large buffers to the OS after every step; with graphs of
     # ~10^5 edges that costs ~10^6 page faults per step (a third of it). The caching (BFC)
-    # allocator keeps them: 1.3-1.6x faster steps (hvdtrack bench model --bfc-allocator).
+    # allocator keeps them: 1.3-1.6x faster steps (measured when the bench still compared both).
     "TF_CPU_ALLOCATOR_USE_BFC": "true",
 }
 

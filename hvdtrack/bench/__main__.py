@@ -4,6 +4,7 @@ construct    graph construction time for a full-size event (numpy, one core)
 read         TFRecord read throughput of the training pipeline (graphs/s, edges/s)
 model        the Trainer's training step: time, share of the matmul rate, op breakdown, memory
 distributed  strong-scaling efficiency of horovodrun -np 2 vs -np 1, and Horovod's overhead
+pipeline     pipeline parallelism: time per mini-batch for S stages x M micro-batches, idle fraction vs GPipe
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import importlib
 import sys
 from typing import Optional, Sequence
 
-NAMES = ("construct", "read", "model", "distributed")
+NAMES = ("construct", "read", "model", "distributed", "pipeline")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -27,4 +28,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 if __name__ == "__main__":
     from hvdtrack.entry import QUIET, run
 
-    sys.exit(run(main, settings=QUIET))  # the allocator is the model bench's choice
+    sys.exit(run(main, settings=QUIET))  # the model bench applies training's allocator itself

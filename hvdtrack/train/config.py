@@ -157,6 +157,12 @@ class DistributedConfig:
     timeout. Legitimate waits must stay shorter than the stall shutdown: the longest seen is
     tracing with 8 ranks on 2 cores (25 s); a checkpoint write of these models takes
     milliseconds. null waits for ever.
+
+    ``pin_cores``: on CPU, each Horovod rank binds itself to its own slice of the cores this
+    host's ranks may use (local rank r of n gets cores [r*k, (r+1)*k), k = cores // n) and runs
+    ``threads_per_worker`` threads there, so ranks never share a core. Left alone when a
+    launcher already bound the process (srun --cpu-bind, mpirun --bind-to), with GPUs, or when
+    ranks outnumber cores.
     """
 
     strategy: Literal["local", "horovod", "mirrored", "multiworker"] = "local"
@@ -167,6 +173,7 @@ class DistributedConfig:
     num_cpu_devices: int = 2
     horovod_cycle_time_ms: Optional[float] = None
     deadline_s: Optional[float] = 60.0
+    pin_cores: bool = True
 
     def __post_init__(self):
         check(self.backward_passes_per_step >= 1, "backward_passes_per_step", "must be >= 1")

@@ -20,7 +20,7 @@ import json
 import math
 import os
 import socket
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -81,6 +81,28 @@ def _share_cores(local_size: int, environ=os.environ) -> bool:
         return False
     environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     return True
+
+
+def core_slice(cpus: Sequence[int], local_rank: int, local_size: int) -> list[int]:
+    """The cores of local rank ``local_rank`` of ``local_size`` among ``cpus``: disjoint slices
+    of ``len(cpus) // local_size`` cores in order (empty when ranks outnumber the cores)."""
+    per_rank = len(cpus) // local_size
+    return sorted(cpus)[local_rank * per_rank : (local_rank + 1) * per_rank]
+
+
+def _pin_cores(cpus: Sequence[int], local_rank: int, local_size: int) -> Optional[list[int]]:
+    """Binds every thread of this process to its slice of ``cpus``, the cores the process had
+    at start (see ``DistributedConfig.pin_cores``); returns the slice, or None when it leaves
+    the process on every core."""
+    if len(cpus) < (os.cpu_count() or len(cpus)):  # a launcher bound it already
+        return None
+    mine = core_slice(cpus, local_rank, local_size)
+    if not mine or len(mine) == len(cpus):
+        mine = sorted(cpus)  # one rank, or more ranks than cores: every core (elastic: again)
+    for task in os.listdir("/proc/self/task"):  # threads started so far (Horovod's, TF's)
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(task), mine)
+    return None if len(mine) == len(cpus) else mine
 
 
 def _set_threads(threads: int) -> None:
@@ -220,6 +242,8 @@ class HorovodWorkers(Workers):
             tf.config.set_visible_devices(gpus[self.local_rank], "GPU")
             tf.config.experimental.set_memory_growth(gpus[self.local_rank], True)
         self.threads = config.threads_per_worker or _threads_per_process(hvd.local_size())
+        self._host_cpus, self._gpus = sorted(os.sched_getaffinity(0)), bool(gpus)
+        self.pin_cores()
         _set_threads(self.threads)
         self.shares_cores = self.shares_cores or _oversubscribed(hvd.local_size())
         self._op = hvd.Adasum if config.reduce_op == "adasum" else hvd.Sum
@@ -235,6 +259,13 @@ class HorovodWorkers(Workers):
                 config.deadline_s,
                 lambda value: hvd.broadcast_object(value, root_rank=0, name="watchdog"),
             )
+
+    def pin_cores(self) -> None:
+        """On CPU, binds this rank to its slice of the host's cores by its local rank (again
+        after an elastic reset renumbers the ranks); ``self.cores`` is the slice or None."""
+        self.cores = None
+        if self.config.pin_cores and not self._gpus:
+            self.cores = _pin_cores(self._host_cpus, self.local_rank, self.local_size)
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()

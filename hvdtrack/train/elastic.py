@@ -158,6 +158,7 @@ class _RunState:
         self.before = workers.num_replicas
         workers.rank, workers.num_processes = hvd.rank(), hvd.size()
         workers.local_rank, workers.local_size = hvd.local_rank(), hvd.local_size()
+        workers.pin_cores()  # the local ranks may be numbered anew
         fit.follow_workers()
         self._report_restart()  # sync may be skipped (workers only removed: all hold the state)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hvdtrack.train.distribute import _launcher_local_size, _share_cores
+from hvdtrack.train.distribute import _launcher_local_size, _share_cores, core_slice
 
 
 @pytest.mark.parametrize(
@@ -36,3 +36,18 @@ def test_one_rank_per_core_changes_nothing():
     environ = {}
     assert _share_cores(1, environ) is False
     assert environ == {}
+
+
+@pytest.mark.parametrize(
+    ("cpus", "rank", "size", "expected"),
+    [
+        ([0, 1], 0, 2, [0]),
+        ([0, 1], 1, 2, [1]),
+        ([3, 1, 2, 0], 1, 2, [2, 3]),  # sorted, then sliced
+        ([0, 1, 2, 3, 4], 1, 2, [2, 3]),  # the odd core is left to nobody
+        ([0, 1], 0, 1, [0, 1]),
+        ([0, 1], 2, 4, []),  # more ranks than cores: no slice
+    ],
+)
+def test_core_slices_are_disjoint_and_in_order(cpus, rank, size, expected):
+    assert core_slice(cpus, rank, size) == expected
