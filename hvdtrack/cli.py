@@ -38,7 +38,9 @@ COMMANDS = {
     ),
     # The model bench applies training's settings (its allocator) itself.
     "bench": Command(
-        "hvdtrack.bench.__main__", "benchmarks: construct, read, model, distributed, pipeline", entry.QUIET
+        "hvdtrack.bench.__main__",
+        "benchmarks: construct, read, model, distributed, pipeline",
+        entry.QUIET,
     ),
 }
 

@@ -129,7 +129,9 @@ def test_unknown_name_lists_the_packaged_names(tmp_path, monkeypatch):
         "(did you mean 'tiny'?); packaged configurations: barrel_pt05, default, full, tiny, trackml; "
         "or give the path of a YAML file"
     )
-    with pytest.raises(ConfigError, match=r"packaged configurations: barrel_pt05, default, full, tiny, trackml"):
+    with pytest.raises(
+        ConfigError, match=r"packaged configurations: barrel_pt05, default, full, tiny, trackml"
+    ):
         resolve_config_path("xyz")
 
 
