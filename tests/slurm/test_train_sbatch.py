@@ -12,11 +12,9 @@ import signal
 import time
 from datetime import datetime
 
-import numpy as np
 import pytest
-import tensorflow as tf
 
-from tests.launch import REPO
+from tests.launch import REPO, assert_same_weights, checkpoint_weights
 from tests.slurm.conftest import FINAL_STATES
 
 pytestmark = [pytest.mark.slurm, pytest.mark.distributed, pytest.mark.slow]
@@ -58,13 +56,6 @@ def when(text, pattern):
 def epoch_seconds(stamp):
     """scontrol's local time (2026-11-23T17:45:12) as seconds since the epoch."""
     return datetime.fromisoformat(stamp).timestamp()
-
-
-def weights(run_dir):
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(run_dir / "checkpoints")))
-    names = sorted(n for n in reader.get_variable_to_shape_map() if n.startswith("model/"))
-    assert names
-    return {n: reader.get_tensor(n) for n in names}
 
 
 def wait_for(path, job, slurm, timeout=240):
@@ -174,10 +165,8 @@ def test_time_limit_signal_checkpoints_requeues_and_the_rerun_resumes_exactly(
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "finished" and info["stopped_by"] is None, info
 
-    resumed, expected = weights(run_dir), weights(straight)
-    assert resumed.keys() == expected.keys()
-    for name in expected:
-        np.testing.assert_allclose(resumed[name], expected[name], rtol=1e-6, atol=1e-7)
+    resumed, expected = checkpoint_weights(run_dir), checkpoint_weights(straight)
+    assert_same_weights(resumed, expected)
     records = [json.loads(line) for line in open(run_dir / "timing.jsonl")][1:]
     steps = [(r["epoch"], r["step"], r["rank"]) for r in records if r["kind"] == "step"]
     assert len(steps) == len(set(steps)) == EPOCHS * STEPS_PER_EPOCH * 2  # each step once
