@@ -6,7 +6,7 @@ import numpy as np
 import sonnet as snt
 import tensorflow as tf
 
-from hvdtrack.model.classifier import LayerNorm
+from hvdtrack.model.norm import LayerNorm
 
 
 def test_values_and_gradients_equal_sonnets():
