@@ -1,4 +1,5 @@
-"""The PNG plots of a sweep's report: speedup and efficiency, time and cost, predicted efficiency."""
+"""The PNG plots of a sweep's report: speedup and efficiency, time and cost, predicted efficiency;
+one line per training mode."""
 
 from __future__ import annotations
 
@@ -16,28 +17,31 @@ if TYPE_CHECKING:
 
 
 def speedup_efficiency(report: ScalingReport, path: Path) -> None:
-    t, ns = report.table, list(report.table["n"])
+    ns = sorted(set(report.table["n"]))
     fig, (left, right) = _figure(2)
-    left.plot(ns, t["speedup"], "o-", label="measured")
+    for label, t in _by_mode(report):
+        left.plot(t["n"], t["speedup"], "o-", label=label)
+        right.plot(t["n"], t["efficiency"], "o-", label=label)
     left.plot(ns, ns, "k--", label="ideal (N)")
     left.set_yscale("log", base=2)
     left.set_yticks(ns, [str(n) for n in ns])
     left.set_ylabel("speedup t1/tN" if report.mode == "strong" else "scaled speedup N t1/tN")
-    right.plot(ns, t["efficiency"], "o-", label="measured")
     right.axhline(1.0, color="k", linestyle="--", label="ideal")
-    right.set_ylim(0, max(1.1, t["efficiency"].max() * 1.1))
+    right.set_ylim(0, max(1.1, report.table["efficiency"].max() * 1.1))
     right.set_ylabel(f"{report.mode}-scaling efficiency")
     _finish(fig, report, (left, right), ns, path)
 
 
 def time_cost(report: ScalingReport, path: Path) -> None:
-    t, ns = report.table, list(report.table["n"])
+    ns = sorted(set(report.table["n"]))
     fig, (left, right) = _figure(2)
-    left.plot(ns, t["epoch_s"], "o-", label="measured")
-    right.plot(ns, t["cost_per_epoch"], "o-", label="measured")
-    if report.mode == "strong":
-        left.plot(ns, [t["epoch_s"][0] / n for n in ns], "k--", label="ideal t1/N")
-        right.plot(ns, [t["cost_per_epoch"][0]] * len(ns), "k--", label="ideal (constant)")
+    for label, t in _by_mode(report):
+        left.plot(t["n"], t["epoch_s"], "o-", label=label)
+        right.plot(t["n"], t["cost_per_epoch"], "o-", label=label)
+    first = report.table.iloc[0]
+    if report.mode == "strong" and first["n"] == 1:
+        left.plot(ns, [first["epoch_s"] / n for n in ns], "k--", label="ideal t1/N")
+        right.plot(ns, [first["cost_per_epoch"]] * len(ns), "k--", label="ideal (constant)")
     left.set_ylabel("time per epoch (s)")
     right.set_ylabel(f"cost per epoch ($; ${report.scaling.price_per_device_hour:g}/device-hour)")
     _finish(fig, report, (left, right), ns, path)
@@ -45,8 +49,7 @@ def time_cost(report: ScalingReport, path: Path) -> None:
 
 def prediction(report: ScalingReport, path: Path) -> None:
     fig, (ax,) = _figure(1)
-    measured = list(report.table["n"])
-    ns = list(measured)
+    ns = list(report.table["n"])
     for name, preds in (report.prediction or {}).get("efficiency", {}).items():
         ns += [p["n"] for p in preds]
         ax.plot([p["n"] for p in preds], [p["efficiency"] for p in preds], ".-", label=name)
@@ -54,12 +57,19 @@ def prediction(report: ScalingReport, path: Path) -> None:
         v = report.validation
         label = f"model for the runs here ({v[0].network})"
         ax.plot([x.n for x in v], [x.predicted_efficiency for x in v], "x", ms=9, label=label)
-    ax.plot(measured, report.table["efficiency"], "o", color="k", label="measured here")
+    for label, t in _by_mode(report, "measured here"):
+        ax.plot(t["n"], t["efficiency"], "o", label=label)
     ax.axhline(1.0, color="k", linestyle="--", linewidth=0.8)
     ax.set_ylim(0, 1.1)
     ax.set_ylabel(f"{report.mode}-scaling efficiency")
     ax.set_title("Predicted efficiency (ring allreduce model)")
     _finish(fig, report, (ax,), sorted(set(ns)), path, fontsize=7)
+
+
+def _by_mode(report: ScalingReport, one: str = "measured"):
+    """(label, rows) per training mode; the label is ``one`` when there is a single mode."""
+    groups = list(report.table.groupby("training_mode", sort=False))
+    return [(one if len(groups) == 1 else f"{one}: {k}", t) for k, t in groups]
 
 
 def _figure(ncols: int):
@@ -69,12 +79,7 @@ def _figure(ncols: int):
 
 
 def _finish(
-    fig: Any,
-    report: ScalingReport,
-    axes: Sequence[Any],
-    ns: list[int],
-    path: Path,
-    fontsize: Any = None,
+    fig: Any, report: ScalingReport, axes: Sequence[Any], ns: list, path: Path, fontsize=None
 ) -> None:
     for ax in axes:
         ax.set_xscale("log", base=2)

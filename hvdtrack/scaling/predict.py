@@ -1,20 +1,15 @@
 """Efficiency beyond this machine: a ring-allreduce cost model fed by the measured step time.
 
-Model (no overlap of compute and communication, one fused allreduce of all gradients per step,
-as Horovod's tensor fusion does for models of this size):
+No overlap of compute and communication, one fused allreduce of B gradient bytes per step (as
+Horovod's tensor fusion does for models of this size):
 
-- ring allreduce of B bytes over N workers: t(N) = 2(N-1)/N * B / bandwidth + 2(N-1) * latency
-- strong scaling (global batch fixed): step(N) = t_c / N + t(N); efficiency = t_c / (N step(N))
-- weak scaling (batch per worker fixed): step(N) = t_c + t(N);     efficiency = t_c / step(N)
+- ring allreduce over N workers: t(N) = 2(N-1)/N * B / bandwidth + 2(N-1) * latency
+- strong scaling: step(N) = t_c / N + t(N), efficiency t_c / (N step(N))
+- weak scaling:   step(N) = t_c + t(N),     efficiency t_c / step(N)
 
-where t_c is the single-worker step time without the exchange (median of non-warm-up steps of
-the N=1 run) and B the gradient bytes of the model. The strong-scaling model also assumes the
-per-worker compute shrinks as 1/N, which stops holding once batches get small or workers share
-cores; ``validate_against`` measures how far off the model is on the runs made here.
-
-Public symbols: ``NetworkModel``, ``PRESETS``, ``Prediction``, ``Validation``,
-``DEFAULT_NS``, ``ring_allreduce_time``, ``predict_scaling``, ``network_from_config``,
-``baseline_inputs``, ``validate_against``.
+t_c is the single-worker step without the exchange (median of the N=1 run's non-warm-up
+steps). The strong model assumes compute shrinks as 1/N, which stops holding once batches get
+small or workers share cores; ``validate_against`` measures how far off it is on the runs here.
 """
 
 from __future__ import annotations
@@ -48,10 +43,6 @@ class NetworkModel:
                 f"got {self.bandwidth_gbps} and {self.latency_us}"
             )
 
-    @property
-    def bytes_per_second(self) -> float:
-        return self.bandwidth_gbps * 1e9 / 8
-
 
 # shared-memory: least squares of the ring model to Horovod 0.28.1 Gloo allreduces between 2
 # ranks on this 2-core VM (eager hvd.allreduce of 4 KiB, 64 KiB, 1, 4, 16 MiB, median of 10:
@@ -70,8 +61,7 @@ PRESETS: dict[str, NetworkModel] = {
 
 @dataclasses.dataclass(frozen=True)
 class Prediction:
-    """The modelled step of N workers: compute per worker (t_c, or t_c / N for strong scaling),
-    the ring allreduce t(N), their sum and the resulting efficiency."""
+    """The modelled step of N workers: compute per worker, allreduce t(N), their sum, efficiency."""
 
     n: int
     compute_s: float
@@ -82,9 +72,9 @@ class Prediction:
 
 @dataclasses.dataclass(frozen=True)
 class Validation:
-    """A measured run of N workers against the model's prediction for it over ``network``:
-    step times (median, slowest rank), efficiencies on step times, the relative error of the
-    predicted efficiency, the model's allreduce and the median measured exchange."""
+    """A measured run of N workers against the model over ``network``: step times (median,
+    slowest rank), efficiencies on step times, the relative error of the predicted efficiency,
+    the model's allreduce and the median measured exchange."""
 
     n: int
     network: str
@@ -97,7 +87,6 @@ class Validation:
     measured_exchange_s: float
 
     def describe(self) -> str:
-        """One sentence for the report."""
         return (
             f"N={self.n} ({self.network}): predicted efficiency {self.predicted_efficiency:.3f}, "
             f"measured {self.measured_efficiency:.3f}, error {self.relative_error:+.1%} "
@@ -109,13 +98,10 @@ class Validation:
 
 
 def ring_allreduce_time(num_bytes: float, n: int, network: NetworkModel) -> float:
-    """Seconds for a ring allreduce of ``num_bytes`` over ``n`` workers.
-
-    t = 2(n-1)/n * bytes / bandwidth + 2(n-1) * latency; 0 for n = 1.
-    """
+    """Seconds for a ring allreduce of ``num_bytes`` over ``n`` workers (0 for n = 1)."""
     if n < 1 or num_bytes < 0:
         raise ValueError(f"need n >= 1 and num_bytes >= 0, got n={n}, num_bytes={num_bytes}")
-    transfer = 2 * (n - 1) / n * num_bytes / network.bytes_per_second
+    transfer = 2 * (n - 1) / n * num_bytes * 8 / (network.bandwidth_gbps * 1e9)
     return transfer + 2 * (n - 1) * network.latency_us * 1e-6
 
 
@@ -126,8 +112,7 @@ def predict_scaling(
     mode: str,
     ns: Sequence[int] = DEFAULT_NS,
 ) -> list[Prediction]:
-    """One ``Prediction`` per N in ``ns`` from the single-worker step without the exchange
-    (seconds) and the bytes allreduced per step; ``mode`` "strong" or "weak"."""
+    """One ``Prediction`` per N in ``ns`` for ``mode`` "strong" or "weak"."""
     if mode not in ("strong", "weak"):
         raise ValueError(f"mode must be 'strong' or 'weak', got {mode!r}")
     if not step_compute_s > 0:
@@ -136,9 +121,8 @@ def predict_scaling(
     for n in ns:
         compute = step_compute_s / n if mode == "strong" else step_compute_s
         allreduce = ring_allreduce_time(gradient_bytes, n, network)
-        step = compute + allreduce
-        efficiency = maths.efficiency(mode, step_compute_s, step, n)
-        out.append(Prediction(n, compute, allreduce, step, efficiency))
+        efficiency = maths.efficiency(mode, step_compute_s, compute + allreduce, n)
+        out.append(Prediction(n, compute, allreduce, compute + allreduce, efficiency))
     return out
 
 
@@ -155,20 +139,14 @@ def network_from_config(config: ScalingConfig) -> NetworkModel:
 
 
 def baseline_inputs(run: Run) -> tuple[float, int, str]:
-    """(step_compute_s, gradient_bytes, note) of a single-worker run: the median over non-warm-up
-    steps of ``total_s - exchange_s``, and run.json's gradient bytes (else 4 x num_params, said
-    in the note). DataError for a multi-worker run, no timed steps or no size information."""
+    """(t_c, gradient bytes, note) of a single-worker run: the median non-warm-up
+    ``total_s - exchange_s`` and run.json's gradient bytes (else 4 x num_params, said in the
+    note). DataError for a multi-worker run, no timed steps or no size information."""
     if run.num_workers != 1:
         raise DataError(
             f"{run.path}: the model needs the single-worker run, this one has N={run.num_workers}"
         )
-    values = [r.total_s - r.exchange_s for r in run.steps if not r.warmup]
-    if not values:
-        raise DataError(
-            f"{run.path}: no non-warm-up steps in timing.jsonl; run more steps than "
-            "scaling.timing_warmup_steps"
-        )
-    compute_s = float(np.median(values))
+    compute_s = float(np.median(maths.step_times(run) - maths.step_times(run, "exchange_s")))
     if run.info.get("gradient_bytes"):
         return compute_s, int(run.info["gradient_bytes"]), ""
     if run.info.get("num_params"):
@@ -181,12 +159,10 @@ def baseline_inputs(run: Run) -> tuple[float, int, str]:
 
 
 def validate_against(
-    runs: Sequence[Run],
-    mode: str,
-    network: NetworkModel = PRESETS["shared-memory"],
+    runs: Sequence[Run], mode: str, network: NetworkModel = PRESETS["shared-memory"]
 ) -> list[Validation]:
-    """One ``Validation`` per run with N > 1 of a sweep (by N), each predicted from the N=1 run
-    over ``network``, the link the measured runs used. DataError without an N=1 run."""
+    """One ``Validation`` per run with N > 1 (by N), predicted from the N=1 run over
+    ``network``, the link the measured runs used. DataError without an N=1 run."""
     baseline = [r for r in runs if r.num_workers == 1]
     if not baseline:
         raise DataError(
@@ -194,26 +170,15 @@ def validate_against(
             f"got N = {', '.join(str(r.num_workers) for r in runs)}"
         )
     compute_s, gradient_bytes, _ = baseline_inputs(baseline[0])
-    t1 = maths.run_step_statistics(baseline[0])["median"]
+    t1 = float(np.median(maths.step_times(baseline[0])))
     out = []
-    for run in sorted(runs, key=lambda r: r.num_workers):
+    for run in sorted((r for r in runs if r.num_workers > 1), key=lambda r: r.num_workers):
         n = run.num_workers
-        if n == 1:
-            continue
         (pred,) = predict_scaling(compute_s, gradient_bytes, network, mode, ns=(n,))
-        tn = maths.run_step_statistics(run)["median"]
+        tn = float(np.median(maths.step_times(run)))
         measured = maths.efficiency(mode, t1, tn, n)
-        out.append(
-            Validation(
-                n=n,
-                network=network.name,
-                predicted_step_s=pred.step_s,
-                measured_step_s=tn,
-                predicted_efficiency=pred.efficiency,
-                measured_efficiency=measured,
-                relative_error=(pred.efficiency - measured) / measured,
-                predicted_allreduce_s=pred.allreduce_s,
-                measured_exchange_s=float(np.median(maths.step_times(run, "exchange_s"))),
-            )
-        )
+        exchange = float(np.median(maths.step_times(run, "exchange_s")))
+        error = (pred.efficiency - measured) / measured
+        fields = (pred.step_s, tn, pred.efficiency, measured, error, pred.allreduce_s, exchange)
+        out.append(Validation(n, network.name, *fields))
     return out

@@ -1,29 +1,26 @@
-"""Reports from finished runs, every file written atomically: one run's report, or a sweep's.
+"""Reports from finished runs, every file written atomically: one run's, or a sweep's.
 
 - One run (``write_summary``): ``summary.md`` and ``summary.json``: epochs, step statistics,
-  throughput, cost, energy, and where each epoch of each rank went
-  (``hvdtrack.train.timing.epoch_accounts``, flagged over ``timing.REST_LIMIT`` unaccounted).
-- A sweep (``build_report``, ``write_report``): ``REPORT_FILES``, the strong- or weak-scaling
-  table in Markdown (``scaling.tables``), CSV and JSON, predictions beyond this machine and the
-  plots (``scaling.plots``).
+  throughput, cost, energy and where each epoch of each rank went (``timing.epoch_accounts``).
+- Runs of one config (``build_report``, ``write_report``): ``REPORT_FILES``, the strong- or
+  weak-scaling tables (``scaling.tables``) in Markdown, CSV and JSON, predictions beyond this
+  machine and the plots (``scaling.plots``).
 
-Prices and power come from one ``ScalingConfig``: the (baseline) run's ``scaling`` section with
-the command line's overrides. The runs of one sweep report must share the resolved config (run.json
-``config``, else ``config_hash``) except ``VARYING_KEYS``, and the global batch (strong) or the
-per-worker batch (weak); else ConfigError naming the key and the runs.
+The runs may train in different modes (``training_mode``: whole graphs or subgraph mini-batches,
+either with a pipeline of S stages x M micro-batches; N is the data-parallel worker count).
+Each mode is its own sweep, scaled against its own N=1 run (none: no speedup or efficiency, and
+a note); the report then compares the modes per (mode, N). The runs must share the resolved
+config (run.json ``config``, else ``config_hash``) except ``VARYING_KEYS`` and ``MODE_KEYS``,
+and within a mode the global batch (strong) or the per-worker batch (weak).
 
-Measures (``hvdtrack.scaling.maths``): epoch s is the median over timed epochs of the slowest
-rank's epoch time, batch s the median over non-warm-up steps of the slowest rank's step. Strong
-speedup and efficiency use epoch s; weak efficiency uses batch s, as the work per worker per step
-is what weak scaling holds fixed (epoch times also depend on the sharding).
-
-Public symbols: ``ScalingReport``, ``load_runs``, ``build_report``, ``write_report``,
-``summarize``, ``write_summary``, ``VARYING_KEYS``, ``REPORT_FILES``.
+Prices and power come from one ``ScalingConfig``: the first baseline's ``scaling`` section with
+the command line's overrides; ``DEFINITIONS`` says how each measure is computed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 from pathlib import Path
@@ -52,21 +49,19 @@ VARYING_KEYS = (
     "data.prepare_timeout_s",
     "scaling",
 )
+MODE_KEYS = ("train.subgraphs", "distributed.pipeline")  # what makes the training mode
 PLOTS = ("speedup_efficiency", "time_cost", "prediction")
 REPORT_FILES = ("report.md", "scaling.csv", "scaling.json", *(f"{p}.png" for p in PLOTS))
 # Column of the report's table -> key of run.json's final validation metrics.
-METRICS = {
-    "val_loss": "loss",
-    "auc": "auc",
-    "edge_efficiency": "efficiency",
-    "purity": "purity",
-    "accuracy": "accuracy",
-}
+METRICS = {"val_loss": "loss", "auc": "auc", "edge_efficiency": "efficiency"}
+METRICS |= {"purity": "purity", "accuracy": "accuracy"}
 DEFINITIONS = {
     "epoch_s": "median over timed epochs of the slowest rank's epoch time",
     "batch_s": "median over non-warm-up steps of the slowest rank's step time",
     "speedup": {"strong": "t1/tN on epoch_s", "weak": "N * efficiency"},
     "efficiency": {"strong": "t1/(N tN) on epoch_s", "weak": "t1/tN on batch_s"},
+    "t1": "the N=1 run of the same training mode",
+    "devices": "N x devices_per_worker x pipeline stages",
     "cost_per_epoch": "devices x epoch hours x price per device-hour (dollars)",
     "energy_per_epoch_j": "mean power of the run's devices x epoch_s (joules)",
 }
@@ -74,10 +69,9 @@ DEFINITIONS = {
 
 @dataclasses.dataclass(frozen=True)
 class ScalingReport:
-    """Everything ``write_report`` puts into files. ``table`` has one row per run by N (the
-    columns of ``_row``: times in s, cost in $, energy in J, the final validation ``METRICS``);
-    ``prediction`` holds the ring model's inputs and efficiency per network (None without
-    inputs); ``validation`` the model against each measured multi-worker run."""
+    """Everything ``write_report`` writes. ``table``: one row per run by (training mode, N), the
+    columns of ``_row``; ``prediction``: the ring model's inputs and efficiency per network (None
+    without inputs); ``validation``: the model against each measured multi-worker run."""
 
     mode: str
     config_name: str
@@ -86,6 +80,18 @@ class ScalingReport:
     notes: list[str]
     prediction: Optional[dict[str, Any]]
     validation: list[predict.Validation]
+
+    @property
+    def training_modes(self) -> list[str]:
+        return list(dict.fromkeys(self.table["training_mode"]))
+
+
+def training_mode(run: Run) -> str:
+    """The run's mode from run.json: "graphs" or "subgraphs" (``input_mode``), followed by
+    ", pipeline SxM" when it ran ``pipeline.stages`` > 1 stages."""
+    stages, micro = _pipeline(run)
+    label = run.info.get("input_mode") or "graphs"
+    return f"{label}, pipeline {stages}x{micro}" if stages > 1 else label
 
 
 def load_runs(run_dirs: Sequence[str | os.PathLike]) -> list[Run]:
@@ -101,36 +107,37 @@ def build_report(
     measured_network: str = "shared-memory",
     overrides: Optional[dict[str, Any]] = None,
 ) -> ScalingReport:
-    """Checks that the runs (one per N, N=1 included) belong together and computes the table.
+    """Checks that the runs belong together (see the module docstring) and computes the table.
 
-    ``mode`` is inferred from the batches when None; ``measured_network`` (a ``predict.PRESETS``
-    name) is what the runs communicated over, to check the model against them; ``overrides``
-    replace ``ScalingConfig`` fields (e.g. the price). DataError: unfinished runs, two runs with
-    one N, no N=1, no timing; ConfigError: runs of different configs or of the wrong mode.
+    ``mode`` ("strong" or "weak") is inferred from the batches when None; ``measured_network``
+    (a ``predict.PRESETS`` name) is the link the runs used, to check the model against them;
+    ``overrides`` replace ``ScalingConfig`` fields. DataError: unfinished runs, two runs of one
+    mode and N, no N=1 run at all; ConfigError: runs of different configs or of the wrong mode.
     """
     if not runs:
         raise DataError("no runs to report")
-    runs = sorted(_finished(runs), key=lambda r: r.num_workers)
-    mode = mode or _infer_mode(runs)
-    for a, b in zip(runs, runs[1:]):
-        if a.num_workers == b.num_workers:
-            raise DataError(
-                f"two runs with N={a.num_workers}: {a.path} and {b.path}; "
-                "keep one per worker count"
-            )
-    _check_comparable(runs, mode)
-    baseline = runs[0]
-    if baseline.num_workers != 1:
+    runs = sorted(_finished(runs), key=lambda r: (training_mode(r), r.num_workers))
+    groups = {k: list(g) for k, g in itertools.groupby(runs, training_mode)}
+    mode = mode or _infer_mode(runs, groups.values())
+    _check_comparable(runs, groups.values(), mode)
+    baselines = {k: g[0] for k, g in groups.items() if g[0].num_workers == 1}
+    if not baselines:
         raise DataError(
             f"a {mode}-scaling report needs a single-worker baseline (a run with N=1); got "
             f"N = {', '.join(str(r.num_workers) for r in runs)}. Run the sweep with 1 in --np "
             "(python -m hvdtrack.scaling run --np 1,...)"
         )
     notes: list[str] = []
+    baseline = next(iter(baselines.values()))
     scaling = dataclasses.replace(_scaling_of(baseline, notes), **(overrides or {}))
-    t1_epoch = maths.epoch_time(baseline, scaling.timing_warmup_epochs)
-    t1_batch = maths.run_step_statistics(baseline)["median"]
-    table = pd.DataFrame([_row(run, mode, scaling, t1_epoch, t1_batch) for run in runs])
+    rows = []
+    for label, group in groups.items():
+        base = baselines.get(label)
+        if base is None:
+            notes.append(f"{label}: no N=1 run, so no speedup or efficiency for this mode")
+        t1 = base and (maths.epoch_time(base, scaling.timing_warmup_epochs), _median(base))
+        rows += [_row(run, mode, scaling, t1) for run in group]
+    table = pd.DataFrame(rows)
     for row in table[table["epoch_includes_warmup"]].itertuples():
         notes.append(
             f"N={row.n}: the run has no more epochs than scaling.timing_warmup_epochs="
@@ -142,7 +149,10 @@ def build_report(
             f"energy marked 'estimate' is {scaling.device_power_watts:g} W per device "
             "(scaling.device_power_watts) x devices x time, not a measurement"
         )
-    prediction, validation = _prediction(runs, mode, scaling, measured_network, notes)
+    predicted = groups[training_mode(baseline)]
+    if len(groups) > 1:
+        notes.append(f"predictions from the '{training_mode(baseline)}' runs")
+    prediction, validation = _prediction(predicted, mode, scaling, measured_network, notes)
     name = str(baseline.info["config_name"])
     return ScalingReport(mode, name, table, scaling, notes, prediction, validation)
 
@@ -172,15 +182,19 @@ def summarize(run: Run) -> dict[str, Any]:
     accounts = timing.epoch_accounts(run)
     epochs = sorted((e for e in run.epochs if e.rank == 0), key=lambda e: e.epoch)
     shown = ("config_name", "status", "strategy", "threads_per_worker", "global_batch_graphs")
+    val = ("loss", "auc", "efficiency", "purity")
     return {
         "run_dir": str(run.path),
         **{key: info.get(key) for key in (*shown, "learning_rate", "device_kind")},
+        "training_mode": training_mode(run),
         "num_workers": run.num_workers,
         "epochs": len(epochs),
         **_measures(run, scaling),
         "price_per_device_hour": scaling.price_per_device_hour,
         "step_sum_s": maths.epoch_step_time(run, scaling.timing_warmup_epochs),
-        "step_statistics": {f: maths.run_step_statistics(run, f) for f in maths.STEP_FIELDS},
+        "step_statistics": {
+            f: maths.step_statistics(maths.step_times(run, f)) for f in maths.STEP_FIELDS
+        },
         "metrics": info.get("metrics") or {},
         "epoch_table": [
             {
@@ -188,10 +202,7 @@ def summarize(run: Run) -> dict[str, Any]:
                 "seconds": e.time_s,
                 "edges_per_s": e.edges / e.time_s if e.time_s > 0 else float("nan"),
                 "train_loss": e.train_loss,
-                **{
-                    f"val_{k}": (e.val or {}).get(k)
-                    for k in ("loss", "auc", "efficiency", "purity")
-                },
+                **{f"val_{k}": (e.val or {}).get(k) for k in val},
             }
             for e in epochs
         ],
@@ -202,7 +213,7 @@ def summarize(run: Run) -> dict[str, Any]:
 
 
 def write_summary(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
-    """Reads ``run_dir``, writes ``summary.md`` and ``summary.json`` into ``out`` (default
+    """Writes ``summary.md`` and ``summary.json`` of ``run_dir`` into ``out`` (default
     ``run_dir/report``); returns the .md path."""
     from hvdtrack.scaling.tables import render_summary
 
@@ -223,7 +234,7 @@ def _measures(run: Run, scaling: ScalingConfig) -> dict[str, Any]:
     if epoch_s <= 0:
         raise DataError(f"{run.path}: epoch time is 0 s in timing.jsonl; the timing is broken")
     work = maths.epoch_work(run, warmup_epochs)
-    devices = n * scaling.devices_per_worker
+    devices = n * scaling.devices_per_worker * _pipeline(run)[0]
     energy = run.info.get("energy")
     if energy is None:
         power, source = scaling.device_power_watts * devices, "estimate"
@@ -233,32 +244,34 @@ def _measures(run: Run, scaling: ScalingConfig) -> dict[str, Any]:
         total = isinstance(seconds, (int, float)) and seconds > 0
         power = energy["joules"] / seconds if total else float(energy["watts"])
         source = str(energy["source"])
+    per_s = {f"{k}_per_s": work[k] / epoch_s for k in ("graphs", "edges")}
     return {
         "epoch_s": epoch_s,
         "epoch_includes_warmup": maths.epoch_time_includes_warmup(run, warmup_epochs),
-        "graphs_per_s": maths.throughput(work["graphs"], epoch_s),
-        "graphs_per_s_per_worker": maths.throughput(work["graphs"], epoch_s, n),
-        "edges_per_s": maths.throughput(work["edges"], epoch_s),
-        "edges_per_s_per_worker": maths.throughput(work["edges"], epoch_s, n),
+        **per_s,
+        **{f"{k}_per_worker": v / n for k, v in per_s.items()},
         "devices": devices,
-        "cost_per_epoch": maths.cost_per_epoch(devices, epoch_s, scaling.price_per_device_hour),
+        "cost_per_epoch": devices * epoch_s / 3600 * scaling.price_per_device_hour,
         "power_watts": power,
-        "energy_per_epoch_j": maths.energy_per_epoch(power, epoch_s),
+        "energy_per_epoch_j": power * epoch_s,
         "energy_source": source,
     }
 
 
 def _row(
-    run: Run, mode: str, scaling: ScalingConfig, t1_epoch: float, t1_batch: float
+    run: Run, mode: str, scaling: ScalingConfig, t1: Optional[tuple[float, float]]
 ) -> dict[str, Any]:
+    """One run's row; ``t1`` is its mode's (epoch s, batch s) at N=1, None without such a run."""
     n, measures = run.num_workers, _measures(run, scaling)
-    batch = maths.run_step_statistics(run)
-    # Strong: on epoch times; weak: on step times, and the speedup is the scaled one.
-    t1, tn = (t1_epoch, measures["epoch_s"]) if mode == "strong" else (t1_batch, batch["median"])
-    efficiency = maths.efficiency(mode, t1, tn, n)
-    speedup = maths.speedup(t1, tn) if mode == "strong" else n * efficiency
+    batch = maths.step_statistics(maths.step_times(run))
+    speedup = efficiency = float("nan")
+    if t1:  # strong: on epoch times; weak: on step times, and the speedup is the scaled one
+        t1, tn = (t1[0], measures["epoch_s"]) if mode == "strong" else (t1[1], batch["median"])
+        efficiency = maths.efficiency(mode, t1, tn, n)
+        speedup = maths.speedup(t1, tn) if mode == "strong" else n * efficiency
     metrics = run.info.get("metrics") or {}
     return {
+        "training_mode": training_mode(run),
         "n": n,
         "run_dir": str(run.path),
         "batch_graphs": run.info["batch_graphs"],
@@ -266,13 +279,23 @@ def _row(
         **{f"batch_{k}_s": batch[k] for k in ("std", "min", "max")},
         "batch_s": batch["median"],
         "timed_steps": batch["count"],
-        "data_s": float(np.median(maths.step_times(run, "data_s"))),
-        "exchange_s": float(np.median(maths.step_times(run, "exchange_s"))),
+        "data_s": _median(run, "data_s"),
+        "exchange_s": _median(run, "exchange_s"),
         "speedup": speedup,
         "efficiency": efficiency,
         **measures,
         **{k: None if metrics.get(m) is None else float(metrics[m]) for k, m in METRICS.items()},
     }
+
+
+def _median(run: Run, field: str = "total_s") -> float:
+    return float(np.median(maths.step_times(run, field)))
+
+
+def _pipeline(run: Run) -> tuple[int, int]:
+    """(stages, micro-batches) of run.json's ``pipeline``; (1, 1) without one."""
+    p = run.info.get("pipeline") or {}
+    return int(p.get("stages") or 1), int(p.get("micro_batches") or 1)
 
 
 def _finished(runs: Sequence[Run]) -> list[Run]:
@@ -285,11 +308,11 @@ def _finished(runs: Sequence[Run]) -> list[Run]:
     return list(runs)
 
 
-def _infer_mode(runs: Sequence[Run]) -> str:
-    """ "strong" if the global batch is the same for all runs, else "weak" if the per-worker
-    batch is, else ConfigError."""
+def _infer_mode(runs: Sequence[Run], groups) -> str:
+    """ "strong" if each training mode's runs share one global batch, else "weak" if they share
+    the per-worker batch, else ConfigError."""
     for key, mode in (("global_batch_graphs", "strong"), ("batch_graphs", "weak")):
-        if len({r.info[key] for r in runs}) == 1:
+        if all(len({r.info[key] for r in g}) == 1 for g in groups):
             return mode
     raise ConfigError(
         "cannot tell strong from weak scaling: both the per-worker batch and the global batch "
@@ -298,10 +321,17 @@ def _infer_mode(runs: Sequence[Run]) -> str:
     )
 
 
-def _check_comparable(runs: Sequence[Run], mode: str) -> None:
-    """Raises ConfigError unless the runs may share a ``mode`` table (see the module docstring)."""
+def _check_comparable(runs: Sequence[Run], groups, mode: str) -> None:
+    """Raises ConfigError unless the runs may share a report (see the module docstring)."""
     if mode not in ("strong", "weak"):
         raise ConfigError(f"mode must be 'strong' or 'weak', got {mode!r}")
+    for group in groups:
+        for a, b in zip(group, group[1:]):
+            if a.num_workers == b.num_workers:
+                raise DataError(
+                    f"two runs with N={a.num_workers}: {a.path} and {b.path}; "
+                    "keep one per worker count"
+                )
     first = runs[0]
     for run in runs[1:]:
         if first.info.get("config") is not None and run.info.get("config") is not None:
@@ -324,19 +354,18 @@ def _check_comparable(runs: Sequence[Run], mode: str) -> None:
         "strong": ("global_batch_graphs", "global batch", "weak"),
         "weak": ("batch_graphs", "per-worker batch", "strong"),
     }[mode]
-    if len({r.info[key] for r in runs}) > 1:
-        raise ConfigError(
-            f"{mode} scaling keeps the {what} fixed, but the runs differ ({_listing(runs, key)}); "
-            f"did you mean --mode {other}?"
-        )
+    for group in groups:
+        if len({r.info[key] for r in group}) > 1:
+            raise ConfigError(
+                f"{mode} scaling keeps the {what} fixed, but the runs differ "
+                f"({_listing(group, key)}); did you mean --mode {other}?"
+            )
 
 
 def _comparable_config(run: Run) -> dict[str, Any]:
-    return {
-        k: v
-        for k, v in flatten_config(run.info["config"]).items()
-        if not any(k == e or k.startswith(f"{e}.") for e in VARYING_KEYS)
-    }
+    ignored = (*VARYING_KEYS, *MODE_KEYS)
+    flat = flatten_config(run.info["config"]).items()
+    return {k: v for k, v in flat if not any(k == e or k.startswith(f"{e}.") for e in ignored)}
 
 
 def _listing(runs: Sequence[Run], key: str) -> str:
@@ -359,45 +388,30 @@ def _prediction(
     except DataError as err:
         notes.append(f"no prediction beyond this machine: {err}")
         return None, []
-    if note:
-        notes.append(note)
+    notes += [note] if note else []
     networks = dict(predict.PRESETS)
     configured = predict.network_from_config(scaling)
     if configured != networks.get(configured.name):
         networks[f"{configured.name} (config)"] = configured
+    inputs = {"step_compute_s": compute_s, "gradient_bytes": gradient_bytes}
     efficiency = {
-        name: [
-            dataclasses.asdict(p)
-            for p in predict.predict_scaling(compute_s, gradient_bytes, net, mode)
-        ]
-        for name, net in networks.items()
+        k: [dataclasses.asdict(p) for p in predict.predict_scaling(*inputs.values(), v, mode)]
+        for k, v in networks.items()
     }
     validation = predict.validate_against(runs, mode, predict.PRESETS[measured_network])
     if not validation:
         notes.append("no multi-worker run measured: the model could not be checked here")
-    return {
-        "step_compute_s": compute_s,
-        "gradient_bytes": gradient_bytes,
-        "networks": {name: dataclasses.asdict(net) for name, net in networks.items()},
-        "efficiency": efficiency,
-    }, validation
+    networks_json = {name: dataclasses.asdict(net) for name, net in networks.items()}
+    return {**inputs, "networks": networks_json, "efficiency": efficiency}, validation
 
 
-# ------------------------------------------------------------------------------ files
 def _json(report: ScalingReport) -> dict[str, Any]:
     definitions = {k: v if isinstance(v, str) else v[report.mode] for k, v in DEFINITIONS.items()}
-    return _finite_or_null(
-        {
-            "mode": report.mode,
-            "config_name": report.config_name,
-            "scaling_config": dataclasses.asdict(report.scaling),
-            "definitions": definitions,
-            "rows": report.table.to_dict("records"),
-            "prediction": report.prediction,
-            "validation": [dataclasses.asdict(v) for v in report.validation],
-            "notes": report.notes,
-        }
-    )
+    data = {"mode": report.mode, "config_name": report.config_name}
+    data |= {"scaling_config": dataclasses.asdict(report.scaling), "definitions": definitions}
+    data |= {"rows": report.table.to_dict("records"), "prediction": report.prediction}
+    data |= {"validation": list(map(dataclasses.asdict, report.validation))}
+    return _finite_or_null({**data, "notes": report.notes})
 
 
 def _finite_or_null(value: Any) -> Any:

@@ -26,6 +26,7 @@ def _sig(value: float, digits: int = 3) -> str:
 
 # Column title -> (column of the sweep report's table, how its cells are written).
 COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "mode": ("training_mode", str),
     "N": ("n", str),
     "batch/worker": ("batch_graphs", str),
     "global batch": ("global_batch_graphs", str),
@@ -60,6 +61,8 @@ TABLES = {
     "detail": [*DETAIL, "exchange s", "graphs/s", "graphs/s/worker", "cost/epoch", "energy/epoch"],
     "physics": ["N", "val loss", "AUC", "edge eff.", "purity", "accuracy"],
     "run": ["epoch s", "graphs/s", "edges/s", "edges/s/worker", "cost/epoch", "energy/epoch"],
+    "modes": ["mode", "N", "epoch s", "edges/s", "cost/epoch", "energy/epoch", "val loss", "AUC"]
+    + ["edge eff.", "purity"],
 }
 # The per-epoch accounting of one run: column title -> key of timing.epoch_accounts' rows.
 ACCOUNT_COLUMNS = {"wall": "wall_s", "train": "time_s"} | {
@@ -111,7 +114,7 @@ def render_markdown(report: ScalingReport) -> str:
     lines = [
         f"# {mode.capitalize()} scaling: {report.config_name}",
         "",
-        f"Runs: N = {', '.join(map(str, t['n']))} ({s.devices_per_worker} {s.device_kind} per "
+        f"Runs: N = {', '.join(map(str, sorted(set(t['n']))))} ({s.devices_per_worker} {s.device_kind} per "
         f"worker); {batch}",
         f"Cost at ${s.price_per_device_hour:g} per {s.device_kind}-hour "
         "(scaling.price_per_device_hour); energy per epoch = mean power x epoch s.",
@@ -122,13 +125,17 @@ def render_markdown(report: ScalingReport) -> str:
         else "Efficiency = t1/tN on batch s (median non-warm-up step of the slowest rank); "
         "edge eff., purity, AUC and val loss are the final validation metrics.",
         "",
-        *markdown_table(cells[TABLES[mode]]),
-        "",
-        "## Steps and throughput",
-        "",
-        *markdown_table(cells[TABLES["detail"]]),
     ]
-    if mode == "strong":
+    modes = report.training_modes
+    for label, rows in cells.groupby(t["training_mode"], sort=False):
+        heading = [f"### Training mode: {label}", ""] if len(modes) > 1 else []
+        lines += [*heading, *markdown_table(rows[TABLES[mode]]), ""]
+    detail = TABLES["detail"] if len(modes) == 1 else ["mode", *TABLES["detail"]]
+    lines += ["## Steps and throughput", "", *markdown_table(cells[detail])]
+    if len(modes) > 1:
+        lines += ["", "## Training modes compared (final validation metrics)", ""]
+        lines += markdown_table(cells[TABLES["modes"]])
+    elif mode == "strong":
         lines += ["", "## Physics of each run (final validation)", ""]
         lines += markdown_table(cells[TABLES["physics"]])
     lines += ["", "## Beyond this machine: predicted efficiency (ring allreduce model)", ""]

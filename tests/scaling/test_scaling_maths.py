@@ -25,31 +25,14 @@ def test_strong_scaling_of_hand_computed_table():
 
 def test_weak_scaling_of_the_2024_study():
     # A100 DDP study: 34.36 s per epoch on 1 GPU, 47.6 s on 32 GPUs -> 0.722.
-    assert maths.weak_efficiency(34.36, 47.6) == pytest.approx(0.72185, abs=1e-5)
-    assert f"{maths.weak_efficiency(34.36, 47.6):.3f}" == "0.722"
+    assert maths.efficiency("weak", 34.36, 47.6, 32) == pytest.approx(0.72185, abs=1e-5)
+    assert f"{maths.efficiency('weak', 34.36, 47.6, 32):.3f}" == "0.722"
 
 
 def test_ideal_scaling_is_one():
     assert maths.strong_efficiency(64.0, 8.0, 8) == 1.0
-    assert maths.weak_efficiency(12.5, 12.5) == 1.0
-
-
-def test_cost_per_epoch():
-    # 8 devices x 0.5 h x $3 per device-hour = $12.
-    assert maths.cost_per_epoch(8, 1800.0, 3.0) == pytest.approx(12.0)
-    # 2 cores x 36 s (0.01 h) x $0.05 = $0.001.
-    assert maths.cost_per_epoch(2, 36.0, 0.05) == pytest.approx(0.001)
-
-
-def test_energy_per_epoch():
-    # 4 GPUs at 300 W mean = 1200 W, 47.6 s -> 57,120 J.
-    assert maths.energy_per_epoch(1200.0, 47.6) == pytest.approx(57120.0)
-
-
-def test_throughput_total_and_per_worker():
-    # 640 graphs in 32 s over 4 workers: 20 graphs/s, 5 per worker.
-    assert maths.throughput(640, 32.0) == 20.0
-    assert maths.throughput(640, 32.0, 4) == 5.0
+    assert maths.efficiency("weak", 12.5, 12.5, 4) == 1.0
+    assert maths.efficiency("strong", 64.0, 8.0, 8) == 1.0
 
 
 def test_step_statistics_of_literal_list():
@@ -78,8 +61,7 @@ def test_step_statistics_of_nothing_names_warmup():
     [
         (lambda: maths.speedup(100.0, 0.0), "tn must be > 0"),
         (lambda: maths.strong_efficiency(100.0, 50.0, 0), "n must be > 0"),
-        (lambda: maths.cost_per_epoch(0, 10.0, 1.0), "devices must be > 0"),
-        (lambda: maths.energy_per_epoch(-1.0, 10.0), "must be >= 0"),
+        (lambda: maths.efficiency("weak", -1.0, 10.0, 1), "t1 must be > 0"),
     ],
 )
 def test_impossible_arguments_are_refused(call, message):
