@@ -33,12 +33,14 @@ def write_synthetic_run(
     metrics: Optional[dict[str, float]] = None,
     exchange_s: float = 0.0,
     gradient_bytes: Optional[int] = 4_000_000,
+    info: Optional[dict[str, Any]] = None,
 ) -> Path:
     """A run of ``n`` ranks.
 
     epoch_s[e][rank] is rank's time for epoch e; step_s[k] is the k-th step's time on every rank
     (rank r adds r * 0.001 s, so the slowest rank is the last); steps are spread evenly over the
-    epochs and the first ``warmup_steps`` of each rank are marked warm-up.
+    epochs and the first ``warmup_steps`` of each rank are marked warm-up; ``info``: more run.json
+    keys (``input_mode``, ``pipeline``).
     """
     num_epochs = len(epoch_s)
     per_epoch = len(step_s) // num_epochs
@@ -94,6 +96,7 @@ def write_synthetic_run(
         if metrics is not None
         else {"loss": 0.0412, "auc": 0.991, "efficiency": 0.958, "purity": 0.957},
         energy=energy,
+        **(info or {}),
     )
     write_run(run_dir, info, steps, epochs)
     return run_dir
