@@ -19,6 +19,9 @@ Globals are not used (inputs carry zeros [num_graphs, 1]). Variables are created
 call, Sonnet style, with stable names ``<name>/{node_encoder,edge_encoder,edge_update,
 node_update,edge_output}/...``.
 
+``SegmentClassifier.encode`` and ``.core_step`` are the forward pass's parts (the pipeline
+stages of ``hvdtrack.train.pipeline`` call them).
+
 Public symbols: ``ModelConfig``, ``SegmentClassifier``, ``FactorizedEdgeUpdate``, ``segment_sum``,
 ``make_mlp``, ``MODULE_NAMES``.
 """
@@ -285,23 +288,57 @@ class SegmentClassifier(snt.Module):
             outputs = self._forward(low, config.recompute)
         return [tf.cast(x, tf.float32) for x in outputs]
 
-    def _forward(self, graphs: GraphsTuple, recompute: bool) -> list[tf.Tensor]:
+    def encode(self, graphs: GraphsTuple) -> tuple[GraphsTuple, tuple]:
+        """The encoders: the encoded graphs (nodes [N, L_n], edges [E, L_e]) and the terms of
+        the edge update that every step shares (``FactorizedEdgeUpdate.encoded_terms`` with
+        ``factorized_edge_update``, else ``()``).
+
+        ``__call__`` is ``encode`` then ``core_step`` ``num_message_passing_steps`` times, the
+        latent starting as the encoded graphs; ``hvdtrack.train.pipeline`` runs the same calls
+        split over devices. No precision cast and no variable creation happen here.
+        """
         encoded = self._edge_encoder(self._node_encoder(graphs))
         factorized = self._config.factorized_edge_update
-        invariant = self._edge_update.encoded_terms(encoded) if factorized else ()
+        return encoded, tuple(self._edge_update.encoded_terms(encoded)) if factorized else ()
+
+    def core_step(
+        self, latent: GraphsTuple, encoded: GraphsTuple, invariant: tuple = (), output: bool = True
+    ) -> tuple[GraphsTuple, tf.Tensor | None]:
+        """One message-passing step (the shared core) and, if ``output``, its edge logits.
+
+        Args:
+          latent: the current latents (nodes [N, L_n], edges [E, L_e]) with the batch's
+            senders, receivers and counts.
+          encoded: the first element of ``encode``'s result for the same batch.
+          invariant: the second element of ``encode``'s result.
+          output: apply the output head.
+
+        Returns:
+          The updated latents, and the step's edge logits [E] (None without ``output``).
+        """
+        core_nodes = tf.concat([encoded.nodes, latent.nodes], axis=-1)
+        if self._config.factorized_edge_update:
+            edges = self._edge_update(latent, invariant)
+        else:
+            both = tf.concat([encoded.edges, latent.edges], axis=-1)
+            edges = self._edge_update(latent.replace(nodes=core_nodes, edges=both)).edges
+        updated = self._node_update(latent.replace(nodes=core_nodes, edges=edges))
+        if not output:
+            return updated, None
+        return updated, tf.squeeze(self._edge_output(updated).edges, axis=-1)
+
+    def _forward(self, graphs: GraphsTuple, recompute: bool) -> list[tf.Tensor]:
+        encoded, invariant = self.encode(graphs)
 
         def core(nodes, edges, encoded_nodes, encoded_edges, *invariant, output=True):
-            """One message-passing step: (node, edge) latents -> new (node, edge) latents and,
-            if ``output``, the step's edge logits [E, 1] (else a placeholder [0])."""
+            """``core_step`` on tensors (what ``tf.recompute_grad`` takes): (node, edge)
+            latents -> new (node, edge) latents and the step's edge logits [E] (if ``output``,
+            else a placeholder [0])."""
             latent = graphs.replace(nodes=nodes, edges=edges)
-            core_nodes = tf.concat([encoded_nodes, nodes], axis=-1)
-            if factorized:
-                edges = self._edge_update(latent, invariant)
-            else:
-                both = tf.concat([encoded_edges, edges], axis=-1)
-                edges = self._edge_update(latent.replace(nodes=core_nodes, edges=both)).edges
-            updated = self._node_update(latent.replace(nodes=core_nodes, edges=edges))
-            logits = self._edge_output(updated).edges if output else tf.zeros([0], edges.dtype)
+            enc = graphs.replace(nodes=encoded_nodes, edges=encoded_edges)
+            updated, logits = self.core_step(latent, enc, invariant, output)
+            if logits is None:
+                logits = tf.zeros([0], updated.edges.dtype)
             return updated.nodes, updated.edges, logits
 
         steps = {True: core, False: functools.partial(core, output=False)}
@@ -318,7 +355,7 @@ class SegmentClassifier(snt.Module):
                 nodes, edges, encoded.nodes, encoded.edges, *invariant
             )
             if output:
-                outputs.append(tf.squeeze(logits, axis=-1))
+                outputs.append(logits)
         return outputs
 
 

@@ -21,10 +21,9 @@ CPU devices made at start-up. Logical CPU devices share the process's thread poo
 stages overlap only as far as inter-op threads and cores allow (2 cores here), so the bench
 (``hvdtrack.bench.pipeline``) measures the schedule and its bubble, not a GPU pipeline's speedup.
 
-The stages call the classifier's sub-modules (``_node_encoder``, ``_edge_encoder``,
-``_edge_update``, ``_node_update``, ``_edge_output``) in the order of ``SegmentClassifier.__call__``;
-``tests/train/test_pipeline.py`` checks logits and gradients against the classifier itself, so a
-change of the model's forward that these stages do not follow fails there.
+The stages call the classifier's own parts, ``SegmentClassifier.encode`` (stage 0) and
+``.core_step`` (each step), as ``SegmentClassifier.__call__`` does; ``tests/train/test_pipeline.py``
+checks logits and gradients against the classifier itself.
 
 Public symbols: ``PipelineConfig``, ``PipelinedClassifier``, ``stage_steps``, ``split_batch``,
 ``stage_devices``, ``bubble_fraction``.
@@ -46,11 +45,34 @@ from hvdtrack.model.loss import weighted_bce_terms
 
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
-    """Pipeline settings (a ``distributed.pipeline`` section once the trainer uses them).
+    """The ``distributed.pipeline`` section: pipeline parallelism inside each worker.
+
+    With ``stages`` > 1 the trainer (``Trainer._local_terms``) runs every training batch
+    through a ``PipelinedClassifier``: the message-passing steps split over ``stages`` devices
+    (``stage_devices``: GPUs, else logical CPU devices made at start-up), the batch cut into
+    ``micro_batches`` parts of whole graphs (subgraphs with ``train.subgraphs``) run GPipe-style.
+    The loss and weight sums and the gradients are those of the plain step (to float rounding),
+    so the gradient exchange across workers (``distributed.strategy: horovod``: data x pipeline
+    parallelism, one pipeline per process) and the optimizer step are unchanged. Validation and
+    evaluation run the plain model on whole graphs. run.json records
+    ``pipeline: {stages, micro_batches}`` (null with one stage).
 
     Attributes:
-      stages: S, devices the message-passing steps are split over (1: no pipeline).
-      micro_batches: M, parts of a batch (whole graphs each) run through the stages in turn.
+      stages: S, devices the message-passing steps are split over (1: no pipeline); at most
+        ``model.num_message_passing_steps`` (a stage runs at least one step).
+      micro_batches: M, parts of a worker's batch run through the stages in turn; more parts
+        than ``train.batch_graphs`` leaves some empty (allowed, pure overhead). GPipe's idle
+        fraction is (S - 1) / (M + S - 1).
+
+    Refused (``hvdtrack.config.Config``): stages > 1 with ``distributed.strategy`` mirrored or
+    multiworker (tf.distribute places each replica on a device of its own, the stages need
+    theirs), with ``model.precision`` other than float32 or with ``model.recompute`` (the
+    stages run the plain float32 forward).
+
+    Resuming: the section may change between a run and its resume (``rundir.RESUMABLE_CHANGES``):
+    it changes neither the variables, the checkpoint nor the data order, and the gradients
+    equal the plain step's to float rounding (``tests/train/test_pipeline*.py``); it changes how
+    fast a step runs, as ``distributed.strategy`` or ``threads_per_worker`` do.
     """
 
     stages: int = 1
@@ -64,6 +86,12 @@ class PipelineConfig:
                 key,
                 f"must be an integer >= 1, got {value!r}",
             )
+
+    def run_info(self) -> Optional[dict[str, int]]:
+        """run.json's ``pipeline``: ``{"stages": S, "micro_batches": M}``, None for S == 1."""
+        if self.stages == 1:
+            return None
+        return {"stages": self.stages, "micro_batches": self.micro_batches}
 
 
 def stage_steps(num_steps: int, stages: int) -> list[range]:
@@ -182,31 +210,17 @@ class PipelinedClassifier:
     def _run_stage(self, stage: int, state: tuple) -> tuple:
         """Stage ``stage`` on one micro-batch: state (encoded, latent, invariant, logits)."""
         m = self.model
-        cfg = m.config
+        last = m.config.num_message_passing_steps - 1
         if stage == 0:
-            graphs = state[0]
-            encoded = m._edge_encoder(m._node_encoder(graphs))
-            invariant = (
-                m._edge_update.encoded_terms(encoded) if cfg.factorized_edge_update else None
-            )
+            encoded, invariant = m.encode(state[0])
             state = (encoded, encoded, invariant, [])
         encoded, latent, invariant, logits = state
         logits = list(logits)
         for step in self.steps[stage]:
-            core_nodes = tf.concat([encoded.nodes, latent.nodes], axis=-1)
-            if cfg.factorized_edge_update:
-                core_input = latent.replace(
-                    nodes=core_nodes, edges=m._edge_update(latent, invariant)
-                )
-            else:
-                core_input = m._edge_update(
-                    latent.replace(
-                        nodes=core_nodes, edges=tf.concat([encoded.edges, latent.edges], axis=-1)
-                    )
-                )
-            latent = m._node_update(core_input)
-            if cfg.output_every_step or step == cfg.num_message_passing_steps - 1:
-                logits.append(tf.squeeze(m._edge_output(latent).edges, axis=-1))
+            output = m.config.output_every_step or step == last
+            latent, step_logits = m.core_step(latent, encoded, invariant, output)
+            if output:
+                logits.append(step_logits)
         return encoded, latent, invariant, logits
 
     def forward(self, graphs: GraphsTuple, labels: tf.Tensor) -> list[tuple[list, tf.Tensor]]:
