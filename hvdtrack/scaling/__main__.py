@@ -6,10 +6,11 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, get_args
 
 from hvdtrack.entry import QUIET, run
 from hvdtrack.errors import ConfigError
+from hvdtrack.scaling.config import Interconnect, ScalingConfig
 
 EPILOG = """examples:
   python -m hvdtrack.scaling run --mode strong --np 1,2,4 --config tiny.yaml --global-batch 8
@@ -20,7 +21,7 @@ EPILOG = """examples:
   python -m hvdtrack.scaling report runs/tiny          # one run: its own report (also: summary)
   python -m hvdtrack.scaling predict runs/scaling/strong-np* --interconnect nvlink
 """
-NETWORKS = ("nvlink", "infiniband-hdr", "ethernet-25g", "shared-memory")
+NETWORKS = get_args(Interconnect)[:-1]  # the presets (not "custom")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,9 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--global-batch", type=int, help="strong: graphs per step over all workers")
     run.add_argument("--batch", type=int, help="weak: graphs per worker per step")
     run.add_argument("--launcher", choices=("local", "slurm"), default="local")
-    run.add_argument(
-        "--controller", choices=("gloo", "mpi"), default="gloo", help="local horovodrun"
-    )
+    run.add_argument("--controller", choices=("gloo", "mpi"), default="gloo", help="horovodrun's")
     run.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     run.add_argument("--skip-prepare", action="store_true", help="the dataset is prepared already")
     run.add_argument("--skip-finished", action="store_true", help="local: keep finished runs")
@@ -83,75 +82,66 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--ns", default="8,16,32,64,128,256,512,1024", help="worker counts")
 
     energy = command("energy", "which power counters this machine exposes")
-    energy.add_argument(
-        "--measure", type=float, default=0.0, metavar="SECONDS", help="meter idle time"
-    )
+    energy.add_argument("--measure", type=float, default=0.0, metavar="S", help="meter idle time")
     energy.add_argument("--device-kind", default="cpu-core")
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Runs one subcommand; returns its exit code (``hvdtrack.entry.run`` turns errors into one
-    message and an exit code)."""
+    """Runs one subcommand; returns its exit code (``hvdtrack.entry.run`` reports errors)."""
     args = build_parser().parse_args(argv)
-    command = {"run": _run, "report": _report, "summary": _report}
-    return {**command, "predict": _predict, "energy": _energy}[args.command](args)
-
-
-def _run(args: argparse.Namespace) -> int:
-    from hvdtrack.scaling import sweep
-
-    plan = sweep.plan_sweep(
-        args.mode,
-        sweep.parse_worker_counts(args.np),
-        args.config,
-        args.out,
-        global_batch=args.global_batch,
-        batch=args.batch,
-        controller=args.controller,
-        overrides=args.overrides,
-        python=args.python,
-    )
-    if args.launcher == "local":
-        skip = {"skip_prepare": args.skip_prepare, "skip_finished": args.skip_finished}
-        sweep.run_sweep(plan, dry_run=args.dry_run, **skip)
-        return 0
-    fields = [f.name for f in dataclasses.fields(sweep.SlurmOptions)]
-    options = sweep.SlurmOptions(**{**{k: getattr(args, k) for k in fields}, "setup": args.setup})
-    sweep.write_slurm_scripts(plan, options, skip_prepare=args.skip_prepare, dry_run=args.dry_run)
+    commands = {"run": _run, "report": _report, "summary": _report, "predict": _predict}
+    {**commands, "energy": _energy}[args.command](args)
     return 0
 
 
-def _report(args: argparse.Namespace) -> int:
+def _given(args: argparse.Namespace, *names: str) -> dict:
+    return {k: getattr(args, k) for k in names if getattr(args, k) is not None}
+
+
+def _run(args: argparse.Namespace) -> None:
+    from hvdtrack.scaling import sweep
+
+    keys = ("global_batch", "batch", "controller", "overrides", "python")
+    nps = sweep.parse_worker_counts(args.np)
+    plan = sweep.plan_sweep(args.mode, nps, args.config, args.out, **_given(args, *keys))
+    if args.launcher == "local":
+        skip = {"skip_prepare": args.skip_prepare, "skip_finished": args.skip_finished}
+        sweep.run_sweep(plan, dry_run=args.dry_run, **skip)
+        return
+    fields = [f.name for f in dataclasses.fields(sweep.SlurmOptions)]
+    options = sweep.SlurmOptions(**{**{k: getattr(args, k) for k in fields}, "setup": args.setup})
+    sweep.write_slurm_scripts(plan, options, skip_prepare=args.skip_prepare, dry_run=args.dry_run)
+
+
+def _report(args: argparse.Namespace) -> None:
     from hvdtrack.scaling import report
 
     if len(args.run_dirs) == 1:  # one run: its own report, epoch accounting included
         path = report.write_summary(args.run_dirs[0], args.out)
         print(f"{path.read_text()}\nwritten: {path} and {path.with_suffix('.json')}")
-        return 0
-    names = ("price_per_device_hour", "device_power_watts")
-    given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
-    result = report.build_report(
-        report.load_runs(args.run_dirs), args.mode, args.measured_network, given
-    )
+        return
+    given = _given(args, "price_per_device_hour", "device_power_watts")
+    runs = report.load_runs(args.run_dirs)
+    result = report.build_report(runs, args.mode, args.measured_network, given)
     out = args.out or Path(args.run_dirs[0]).absolute().parent / f"report-{result.mode}"
     paths = report.write_report(result, out)
     print(f"{paths['md'].read_text()}\nwrote {', '.join(map(str, paths.values()))}")
-    return 0
 
 
-def _predict(args: argparse.Namespace) -> int:
+def _predict(args: argparse.Namespace) -> None:
     import pandas as pd
 
     from hvdtrack.scaling import predict, report, sweep
 
     if args.interconnect == "custom" and None in (args.bandwidth_gbps, args.latency_us):
         raise ConfigError("--interconnect custom needs --bandwidth-gbps and --latency-us")
-    names = ("interconnect", "bandwidth_gbps", "latency_us")
-    given = {k: getattr(args, k) for k in names if getattr(args, k) is not None}
+    given = _given(args, "interconnect", "bandwidth_gbps", "latency_us")
     runs = report.load_runs(args.run_dirs)
     built = report.build_report(runs, args.mode, args.measured_network, given)
-    compute_s, gradient_bytes, note = predict.baseline_inputs(runs[0])  # N=1 (build_report)
+    # The N=1 run the report predicts from (build_report found one).
+    baseline = min((r for r in runs if r.num_workers == 1), key=report.training_mode)
+    compute_s, gradient_bytes, note = predict.baseline_inputs(baseline)
     network = predict.network_from_config(built.scaling)
     print(
         f"{built.mode} scaling of {built.config_name}: single-worker step {compute_s * 1e3:.2f} ms "
@@ -159,25 +149,19 @@ def _predict(args: argparse.Namespace) -> int:
     )
     print(f"network {network.name}: {network.bandwidth_gbps:g} Gb/s, {network.latency_us:g} us")
     ns = sweep.parse_worker_counts(args.ns)
-    table = pd.DataFrame(
-        map(
-            dataclasses.asdict,
-            predict.predict_scaling(compute_s, gradient_bytes, network, built.mode, ns),
-        )
-    )
+    preds = predict.predict_scaling(compute_s, gradient_bytes, network, built.mode, ns)
+    table = pd.DataFrame(map(dataclasses.asdict, preds))
     ms = {"compute_s": "compute ms", "allreduce_s": "allreduce ms", "step_s": "step ms"}
     table[list(ms)] *= 1e3
     print(table.rename(columns={"n": "N", **ms}).to_string(index=False, float_format="%.3f"))
     print("checked against the runs measured here:")
     for line in [v.describe() for v in built.validation] or ["(no multi-worker run given)"]:
         print(f"  {line}")
-    return 0
 
 
-def _energy(args: argparse.Namespace) -> int:
+def _energy(args: argparse.Namespace) -> None:
     import time
 
-    from hvdtrack.scaling.config import ScalingConfig
     from hvdtrack.scaling.energy import EnergyMeter, probe_energy_sources
 
     for source, state in probe_energy_sources().items():
@@ -191,7 +175,6 @@ def _energy(args: argparse.Namespace) -> int:
             f"metered {reading.seconds:.1f} s: {reading.joules:.1f} J, {reading.watts:.1f} W "
             f"({reading.source}: {reading.detail})"
         )
-    return 0
 
 
 if __name__ == "__main__":

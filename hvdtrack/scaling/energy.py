@@ -14,8 +14,6 @@ otherwise, and the estimate when that one is not available):
 
 Every process meters its share (``start()``, ``sample()`` at will, ``stop()``); the sum of the
 readings' joules over processes is the run's energy, over the run's seconds its mean power.
-
-Public symbols: ``EnergyMeter``, ``EnergyReading``, ``probe_energy_sources``.
 """
 
 from __future__ import annotations
@@ -50,16 +48,10 @@ class EnergyReading:
 class EnergyMeter:
     """Measures the energy of this process's devices over an interval.
 
-    Args:
-      config: device_kind ("gpu" selects NVML, anything else RAPL), device_power_watts (for the
-        estimate) and energy_source (a forced measured source that is not available raises
-        ConfigError at ``start()``).
-      devices: devices (replicas) this process drives: NVML reads the node's GPUs
-        ``local_rank * devices`` to ``(local_rank + 1) * devices - 1`` (Horovod: one per process).
-      local_rank, local_size: this process's index and the process count on its node (RAPL
-        books 1/local_size of the packages to each).
-      powercap_root: where the RAPL zones live (a test can point it at a made-up tree).
-      clock: monotonic clock in seconds.
+    ``config`` picks the source (a forced one that is not available raises ConfigError at
+    ``start()``); ``devices``: the devices (replicas) this process drives, for NVML the node's
+    GPUs ``local_rank * devices`` on; RAPL books 1/``local_size`` of the packages to each
+    process of the node; ``powercap_root``: where the RAPL zones live; ``clock`` in seconds.
     """
 
     def __init__(
@@ -73,11 +65,10 @@ class EnergyMeter:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.config = config or ScalingConfig()
-        if devices < 1:
-            raise ConfigError(f"EnergyMeter: devices must be >= 1, got {devices}")
-        if not 0 <= local_rank < local_size:
+        if devices < 1 or not 0 <= local_rank < local_size:
             raise ConfigError(
-                f"EnergyMeter: need 0 <= local_rank < local_size, got {local_rank}, {local_size}"
+                f"EnergyMeter: need devices >= 1 and 0 <= local_rank < local_size, got {devices}, "
+                f"{local_rank}, {local_size}"
             )
         self.num_devices = devices
         self.local_size = local_size
@@ -129,10 +120,8 @@ class EnergyMeter:
 
     def _open(self):
         c = self.config
-        estimate = (
-            f"{c.device_power_watts:g} W x {self.num_devices} {c.device_kind}"
-            " (scaling.device_power_watts)"
-        )
+        estimate = f"{c.device_power_watts:g} W x {self.num_devices} {c.device_kind}"
+        estimate += " (scaling.device_power_watts)"
         if c.energy_source == "estimate":
             return None, "estimate", estimate
         nvml = c.energy_source == "nvml" or (c.energy_source == "auto" and c.device_kind == "gpu")

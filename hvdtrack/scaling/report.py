@@ -3,14 +3,14 @@
 - One run (``write_summary``): ``summary.md`` and ``summary.json``: epochs, step statistics,
   throughput, cost, energy and where each epoch of each rank went (``timing.epoch_accounts``).
 - Runs of one config (``build_report``, ``write_report``): ``REPORT_FILES``, the strong- or
-  weak-scaling tables (``scaling.tables``) in Markdown, CSV and JSON, predictions beyond this
-  machine and the plots (``scaling.plots``).
+  weak-scaling tables in Markdown, CSV and JSON, predictions beyond this machine and the plots
+  (``scaling.render``).
 
 The runs may train in different modes (``training_mode``: whole graphs or subgraph mini-batches,
 either with a pipeline of S stages x M micro-batches; N is the data-parallel worker count).
 Each mode is its own sweep, scaled against its own N=1 run (none: no speedup or efficiency, and
 a note); the report then compares the modes per (mode, N). The runs must share the resolved
-config (run.json ``config``, else ``config_hash``) except ``VARYING_KEYS`` and ``MODE_KEYS``,
+config (run.json ``config``) except ``VARYING_KEYS`` and ``MODE_KEYS``,
 and within a mode the global batch (strong) or the per-worker batch (weak).
 
 Prices and power come from one ``ScalingConfig``: the first baseline's ``scaling`` section with
@@ -160,8 +160,7 @@ def build_report(
 def write_report(report: ScalingReport, out_dir: str | os.PathLike) -> dict[str, Path]:
     """Writes ``REPORT_FILES`` into ``out_dir``; returns kind ("md", "csv", "json" or a plot's
     name) -> path."""
-    from hvdtrack.scaling import plots  # matplotlib only when plots are drawn
-    from hvdtrack.scaling.tables import render_markdown
+    from hvdtrack.scaling import render  # matplotlib only when plots are drawn
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -170,9 +169,9 @@ def write_report(report: ScalingReport, out_dir: str | os.PathLike) -> dict[str,
         report.table.assign(mode=report.mode).to_csv(f, index=False, lineterminator="\n")
     write_json(paths["json"], _json(report))
     for name in PLOTS:
-        getattr(plots, name)(report, paths[name])
+        getattr(render, name)(report, paths[name])
     with atomic_write(paths["md"]) as f:
-        f.write(render_markdown(report))
+        f.write(render.render_markdown(report))
     return paths
 
 
@@ -215,7 +214,7 @@ def summarize(run: Run) -> dict[str, Any]:
 def write_summary(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
     """Writes ``summary.md`` and ``summary.json`` of ``run_dir`` into ``out`` (default
     ``run_dir/report``); returns the .md path."""
-    from hvdtrack.scaling.tables import render_summary
+    from hvdtrack.scaling.render import render_summary
 
     summary = summarize(read_run(run_dir))
     out = Path(out) if out is not None else Path(run_dir) / "report"
@@ -332,24 +331,17 @@ def _check_comparable(runs: Sequence[Run], groups, mode: str) -> None:
                     f"two runs with N={a.num_workers}: {a.path} and {b.path}; "
                     "keep one per worker count"
                 )
-    first = runs[0]
+    first = _comparable_config(runs[0])
     for run in runs[1:]:
-        if first.info.get("config") is not None and run.info.get("config") is not None:
-            a, b = _comparable_config(first), _comparable_config(run)
-            for key in sorted(set(a) | set(b)):
-                if a.get(key, "<absent>") != b.get(key, "<absent>"):
-                    raise ConfigError(
-                        f"runs of different configs in one report: '{key}' is "
-                        f"{a.get(key, '<absent>')!r} in {first.path} (N={first.num_workers}) "
-                        f"but {b.get(key, '<absent>')!r} in {run.path} (N={run.num_workers}); "
-                        "report the runs of one config together"
-                    )
-        elif first.info["config_hash"] != run.info["config_hash"]:
-            raise ConfigError(
-                "runs of different configs in one report: config_hash "
-                f"{first.info['config_hash']} in {first.path} but {run.info['config_hash']} in "
-                f"{run.path} (run.json has no 'config' to say which key differs)"
-            )
+        other = _comparable_config(run)
+        for key in sorted(set(first) | set(other)):
+            a, b = first.get(key, "<absent>"), other.get(key, "<absent>")
+            if a != b:
+                raise ConfigError(
+                    f"runs of different configs in one report: '{key}' is {a!r} in {runs[0].path} "
+                    f"(N={runs[0].num_workers}) but {b!r} in {run.path} (N={run.num_workers}); "
+                    "report the runs of one config together"
+                )
     key, what, other = {
         "strong": ("global_batch_graphs", "global batch", "weak"),
         "weak": ("batch_graphs", "per-worker batch", "strong"),
@@ -364,7 +356,7 @@ def _check_comparable(runs: Sequence[Run], groups, mode: str) -> None:
 
 def _comparable_config(run: Run) -> dict[str, Any]:
     ignored = (*VARYING_KEYS, *MODE_KEYS)
-    flat = flatten_config(run.info["config"]).items()
+    flat = flatten_config(run.info.get("config") or {}).items()
     return {k: v for k, v in flat if not any(k == e or k.startswith(f"{e}.") for e in ignored)}
 
 

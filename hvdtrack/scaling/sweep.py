@@ -1,19 +1,15 @@
 """Scaling sweeps: one training run per worker count, launched locally or submitted to SLURM.
 
-Local: ``python -m hvdtrack.prepare`` once, then for each N in ``--np``
-``horovodrun -np N -H localhost:N --gloo python -m hvdtrack.train --config CONFIG
-distributed.strategy=horovod train.batch_graphs=B train.run_dir=OUT/<mode>-np<N> [overrides]``
-(N=1 too, so every run pays the same launcher costs), then the report into
-``OUT/report-<mode>``. Strong scaling keeps the global batch G fixed (B = G / N, refused unless
-every N divides G); weak scaling keeps B fixed.
+Local: ``python -m hvdtrack.prepare`` once, then for each N in ``--np`` (1 too, so every run
+pays the same launcher costs) ``horovodrun -np N -H localhost:N --gloo python -m hvdtrack.train
+--config CONFIG distributed.strategy=horovod train.batch_graphs=B
+train.run_dir=OUT/<mode>-np<N> [overrides]``, then the report into ``OUT/report-<mode>``. Strong
+scaling keeps the global batch G fixed (B = G / N: every N must divide G); weak keeps B fixed.
 
-SLURM: the single run's batch scripts, ``run_scripts/slurm/prepare.sbatch`` and ``train.sbatch``,
-are copied into ``OUT/slurm/`` beside a ``submit_all.sh`` that submits prepare, train.sbatch once
-per N (sized by sbatch options) and a report job, chained with ``--dependency=afterok``: the
-sweep's runs get the MPI plugin check, ``--kill-on-bad-exit`` and the signal/requeue round trip.
-
-Public symbols: ``SweepPlan``, ``SlurmOptions``, ``plan_sweep``, ``parse_worker_counts``,
-``run_sweep``, ``write_slurm_scripts``, ``SLURM_SCRIPTS``.
+SLURM: ``run_scripts/slurm/prepare.sbatch`` and ``train.sbatch`` are copied into ``OUT/slurm/``
+beside a ``submit_all.sh`` that submits prepare, train.sbatch once per N and a report job,
+chained with ``--dependency=afterok``: the sweep's runs get the single run's MPI plugin check,
+``--kill-on-bad-exit`` and signal/requeue round trip.
 """
 
 from __future__ import annotations
@@ -72,17 +68,11 @@ class SweepPlan:
 
     @property
     def prepare(self) -> list[str]:
-        return [
-            self.python,
-            "-m",
-            "hvdtrack.prepare",
-            "--config",
-            str(self.config),
-            *self.overrides,
-        ]
+        prepare = ["-m", "hvdtrack.prepare", "--config", str(self.config), *self.overrides]
+        return [self.python, *prepare]
 
     def run_overrides(self, n: int) -> list[str]:
-        """What makes run N of the sweep: its batch and run directory, then the user's overrides."""
+        """Run N's batch and run directory, then the user's overrides."""
         run = [f"train.batch_graphs={self.batches[n]}", f"train.run_dir={self.run_dir(n)}"]
         return run + list(self.overrides)
 
@@ -96,9 +86,8 @@ class SweepPlan:
     @property
     def report_command(self) -> list[str]:
         dirs = [str(self.run_dir(n)) for n in self.nps]
-        return [self.python, "-m", "hvdtrack.scaling", "report", *dirs] + [
-            *("--mode", self.mode, "--out", str(self.report_dir))
-        ]
+        report = ["report", *dirs, "--mode", self.mode, "--out", str(self.report_dir)]
+        return [self.python, "-m", "hvdtrack.scaling", *report]
 
     @property
     def env(self) -> dict[str, str]:
@@ -145,12 +134,11 @@ class SlurmOptions:
 
     def options(self, n: Optional[int] = None) -> list[str]:
         """sbatch options of every job, or (given N) the resources of the training job of N."""
-        if n is None:
-            given = {"time": self.time, "partition": self.partition, "account": self.account}
-        else:
+        given = {"time": self.time, "partition": self.partition, "account": self.account}
+        if n is not None:
             nodes, per_node = self.layout(n)
-            given = {"nodes": nodes, "ntasks-per-node": per_node}
             gpus = self.gpus_per_node and min(self.gpus_per_node, per_node)  # one per rank
+            given = {"nodes": nodes, "ntasks-per-node": per_node}
             given |= {"cpus-per-task": self.cpus_per_task, "gpus-per-node": gpus}
         return [f"--{key}={value}" for key, value in given.items() if value is not None]
 
@@ -179,12 +167,9 @@ def plan_sweep(
     overrides: Sequence[str] = (),
     python: str = sys.executable,
 ) -> SweepPlan:
-    """Works out a sweep, checking the batch arithmetic first.
-
-    ``global_batch`` (strong) and ``batch`` (weak, per worker) default to the config's
-    ``train.batch_graphs``. ConfigError for a bad mode, a global batch some N does not divide
-    (naming the smallest that would do), an override of a key the sweep sets, a missing config.
-    """
+    """Works out a sweep: ``global_batch`` (strong) or ``batch`` (weak, per worker), default
+    the config's ``train.batch_graphs``. ConfigError for a bad mode, a global batch some N does
+    not divide, an override of a key the sweep sets, a missing config."""
     if mode not in BATCH_OPTIONS:
         raise ConfigError(f"--mode must be strong or weak, got {mode!r}")
     nps, config = tuple(sorted(nps)), Path(config).absolute()
@@ -226,12 +211,10 @@ def run_sweep(
     skip_finished: bool = False,
     out: Optional[IO[str]] = None,
 ) -> Optional[dict[str, Path]]:
-    """Runs the sweep locally (or prints its commands), then writes the report.
-
-    ``skip_finished`` leaves out N whose run directory holds a finished run; ``out`` gets the
-    progress (default stdout). Returns the report's files (None for a dry run); TrainingError
-    names a failed command and ends with the tail of its log in ``OUT/logs``.
-    """
+    """Runs the sweep locally (or prints its commands), then writes the report; returns its
+    files (None for a dry run). ``skip_finished`` leaves out N whose run directory holds a
+    finished run; ``out`` gets the progress (default stdout). TrainingError names a failed
+    command and ends with the tail of its log in ``OUT/logs``."""
     out = out or sys.stdout
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.env.items())
     commands = {n: f"{env} {shlex.join(plan.local_command(n))}".strip() for n in plan.nps}
@@ -275,13 +258,10 @@ def write_slurm_scripts(
     dry_run: bool = False,
     out: Optional[IO[str]] = None,
 ) -> dict[str, Path]:
-    """Writes ``OUT/slurm/``: copies of prepare.sbatch and train.sbatch, and submit_all.sh
-    (all or nothing; printed instead when ``dry_run``); returns file name -> path.
-
-    ``workdir`` (default: the current directory) is where submit_all.sh submits from: the jobs
-    run there and relative paths of the config resolve there. ConfigError when the repository's
-    scripts are missing or some N does not fill whole nodes.
-    """
+    """Writes ``OUT/slurm/`` (all or nothing; printed instead when ``dry_run``): copies of
+    prepare.sbatch and train.sbatch and submit_all.sh, which submits from ``workdir`` (default
+    the current directory); returns file name -> path. ConfigError when the repository's scripts
+    are missing or some N does not fill whole nodes."""
     out = out or sys.stdout
     slurm_dir = plan.out_dir / "slurm"
     paths = {name: slurm_dir / name for name in ("prepare.sbatch", "train.sbatch", "submit_all.sh")}
