@@ -87,7 +87,11 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """A whole run: data preparation, model, training, distribution and scaling settings."""
+    """A whole run: data preparation, model, training, distribution and scaling settings.
+
+    Across sections it checks ``distributed.pipeline`` against ``model`` and
+    ``distributed.strategy`` (``hvdtrack.train.pipeline.PipelineConfig`` says what is refused).
+    """
 
     name: str = "default"
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
@@ -95,6 +99,38 @@ class Config:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
     scaling: ScalingConfig = dataclasses.field(default_factory=ScalingConfig)
+
+    def __post_init__(self):
+        _check_pipeline(self)
+
+
+def _check_pipeline(config: Config) -> None:
+    """``distributed.pipeline`` against the sections it depends on (see ``PipelineConfig``)."""
+    stages = config.distributed.pipeline.stages
+    steps = config.model.num_message_passing_steps
+    require(
+        stages <= steps,
+        f"'distributed.pipeline.stages' ({stages}) must be at most "
+        f"model.num_message_passing_steps ({steps}): a stage runs at least one message-passing step",
+    )
+    if stages == 1:
+        return
+    strategy = config.distributed.strategy
+    require(
+        strategy in ("local", "horovod"),
+        f"'distributed.pipeline.stages' {stages} needs distributed.strategy local or horovod "
+        f"(one pipeline per process), not {strategy}: tf.distribute places each replica on a "
+        "device of its own, the stages need theirs. Set distributed.pipeline.stages=1 or "
+        "distributed.strategy=horovod",
+    )
+    for key, plain in (("precision", "float32"), ("recompute", False)):
+        value = getattr(config.model, key)
+        require(
+            value == plain,
+            f"'distributed.pipeline.stages' {stages} needs model.{key}={str(plain).lower()} "
+            f"(the stages run the plain float32 forward), not {value!r}. Set "
+            f"distributed.pipeline.stages=1 or model.{key}={str(plain).lower()}",
+        )
 
 
 DEFAULT_CONFIG_NAME = "default"

@@ -7,6 +7,7 @@ from typing import Literal, Optional
 
 from hvdtrack.configtools import check
 from hvdtrack.inputs.subgraphs import SubgraphConfig
+from hvdtrack.train.pipeline import PipelineConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +164,9 @@ class DistributedConfig:
     ``threads_per_worker`` threads there, so ranks never share a core. Left alone when a
     launcher already bound the process (srun --cpu-bind, mpirun --bind-to), with GPUs, or when
     ranks outnumber cores.
+
+    ``pipeline`` (``hvdtrack.train.pipeline.PipelineConfig``): each worker runs the model as
+    ``stages`` pipeline stages over ``micro_batches`` micro-batches (1: no pipeline).
     """
 
     strategy: Literal["local", "horovod", "mirrored", "multiworker"] = "local"
@@ -174,6 +178,7 @@ class DistributedConfig:
     horovod_cycle_time_ms: Optional[float] = None
     deadline_s: Optional[float] = 60.0
     pin_cores: bool = True
+    pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
 
     def __post_init__(self):
         check(self.backward_passes_per_step >= 1, "backward_passes_per_step", "must be >= 1")

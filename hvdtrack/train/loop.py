@@ -431,6 +431,8 @@ class _Fit:
             elastic_resets=list(self.resets) if self.elastic else None,
             # whole graphs, or subgraph mini-batches (train.subgraphs; records count seed edges)
             input_mode="subgraphs" if self.tc.subgraphs.enabled else "graphs",
+            # distributed.pipeline: {"stages": S, "micro_batches": M}, None without stages
+            pipeline=self.cfg.distributed.pipeline.run_info(),
             **described,
         )
 

@@ -40,6 +40,9 @@ RESUMABLE_CHANGES = (
     "distributed.num_cpu_devices",
     "distributed.horovod_cycle_time_ms",
     "distributed.deadline_s",
+    # Same variables, checkpoint and data order; the gradients equal the plain step's to float
+    # rounding (tests/train/test_pipeline*.py): only the speed changes (PipelineConfig).
+    "distributed.pipeline",
     "scaling",
 )
 

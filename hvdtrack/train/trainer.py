@@ -36,6 +36,7 @@ from hvdtrack.records.manifest import MANIFEST_NAME, open_dataset
 from hvdtrack.train import metrics as metrics_lib
 from hvdtrack.train.distribute import Workers, make_workers
 from hvdtrack.train.optimizer import Adam, LossScale, Schedule, scaled_learning_rate
+from hvdtrack.train.pipeline import PipelinedClassifier, stage_devices
 
 EPS = 1e-12
 # What a rank can ask of all ranks through a step's exchange (a vector of flags, summed).
@@ -72,6 +73,11 @@ class Trainer:
     def __init__(self, config: Config, workers: Workers | None = None, *, dataset: bool = True):
         self.config = config
         self.workers = workers or make_workers(config.distributed)
+        pc = config.distributed.pipeline
+        # Logical CPU devices for the stages exist only if made before TensorFlow starts (the
+        # next line starts it): here, after the workers set their threads. A process that ran
+        # ops already (a test) shares the devices it has; the results are the same.
+        stage_device_names = stage_devices(pc.stages) if pc.stages > 1 else None
         has_gpu = bool(tf.config.list_logical_devices("GPU"))
         reason = unsupported_reason(config.model.precision, has_gpu, cpu_flags())
         if reason:
@@ -116,6 +122,12 @@ class Trainer:
                 schedule, tc.adam_beta1, tc.adam_beta2, tc.adam_epsilon, tc.grad_clip_norm
             )
             self.model(pipeline.placeholder_graph())  # Sonnet creates variables lazily
+            # distributed.pipeline: the training batches run as stages x micro-batches.
+            self.pipeline = (
+                PipelinedClassifier(self.model, pc, stage_device_names)
+                if stage_device_names
+                else None
+            )
             self.variables = list(self.model.trainable_variables)
             self.optimizer.build(self.variables)
             # float16 gradients underflow without it (bfloat16 has float32's range).
@@ -258,8 +270,13 @@ class Trainer:
         self._eval_step = eval_step
 
     def _local_terms(self, graphs, labels):
-        """(loss sum, weight sum, gradients of the loss sum) of one replica's batch."""
+        """(loss sum, weight sum, gradients of the loss sum) of one replica's batch; through
+        the stages and micro-batches of ``distributed.pipeline`` when it has stages."""
         tc = self.config.train
+        if self.pipeline is not None:  # float32 only (config check): no loss scale
+            return self.pipeline.local_terms(
+                graphs, labels, self.variables, tc.true_weight, tc.fake_weight
+            )
         scale = self.loss_scale.scale if self.loss_scale else None
         with tf.GradientTape() as tape:
             logits = self.model(graphs)
