@@ -39,8 +39,10 @@ Random-access datasets build their readers from a raw TFRecordDatasetV2 op (the 
 ``tf.data.TFRecordDataset`` cannot seek); TensorFlow cannot serialize that op, so their
 iterators cannot be checkpointed (make a new dataset from the plan instead).
 
-Public symbols: ``plan_train_epoch``, ``train_dataset``, ``eval_dataset``, ``merge_graphs``,
-``graph_signature``, ``input_signature``, ``placeholder_graph``, ``read_errors_as_data_error``, ``iterate_batches``.
+Reading and merging records: ``hvdtrack.inputs.reader`` (``merge_graphs`` is imported from
+there). Public symbols: ``plan_train_epoch``, ``train_dataset``, ``eval_dataset``,
+``graph_signature``, ``input_signature``, ``placeholder_graph``, ``read_errors_as_data_error``,
+``iterate_batches``.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from graph_nets import utils_tf
 
 from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.inputs.balance import EpochPlan, plan_epoch
+from hvdtrack.inputs.reader import TRAIN_FIELDS, ShardReader, merge_graphs
 from hvdtrack.inputs.subgraphs import (
     NODE_PHI_COLUMN,
     SubgraphPlan,
@@ -70,11 +73,8 @@ from hvdtrack.inputs.subgraphs import (
 )
 from hvdtrack.records.manifest import Manifest, SplitTable, check_splits, shard_problem
 from hvdtrack.records.schema import EDGE_FEATURE_SIZE, NODE_FEATURE_SIZE, parse_example_batch
-from hvdtrack.records.shards import first_unreadable_record, index_shard_records
+from hvdtrack.records.shards import first_unreadable_record
 
-TRAIN_FIELDS = ("nodes", "edges", "senders", "receivers", "labels")
-_READ_BUFFER_BYTES = 4 << 20
-_PARALLEL_READS = 4
 _PARALLEL_PARSES = 2
 _PREFETCH_BATCHES = 2
 # No tf.data autotuning. Its model thread runs Model::Optimize in the background, and an
@@ -189,7 +189,7 @@ def train_dataset(
     table = manifest.split_table(split, str(dataset_dir))
     for each in plans:
         _check_plan(each, table, manifest, dataset_dir, split)
-    reader = _ShardReader(dataset_dir, manifest, table)
+    reader = ShardReader(dataset_dir, manifest, table)
     if any(isinstance(p, SubgraphPlan) for p in plans):
         if not all(isinstance(p, SubgraphPlan) for p in plans):
             raise ConfigError("train_dataset cannot mix subgraph and whole-graph plans")
@@ -270,7 +270,7 @@ def eval_dataset(
     skip = np.clip(first - starts, 0, sizes)
     take = np.clip(last - starts, 0, sizes) - skip
     used = np.flatnonzero(take > 0)
-    reader = _ShardReader(dataset_dir, manifest, table)
+    reader = ShardReader(dataset_dir, manifest, table)
 
     def read_slice(shard: tf.Tensor, skip: tf.Tensor, take: tf.Tensor) -> tf.data.Dataset:
         return reader.records(shard).skip(skip).take(take)
@@ -279,35 +279,6 @@ def eval_dataset(
         (used.astype(np.int64), skip[used].astype(np.int64), take[used].astype(np.int64))
     ).flat_map(read_slice)
     return _batches(records, reader, batch_graphs)
-
-
-def merge_graphs(
-    values: dict[str, tf.Tensor], n_node: tf.Tensor, n_edge: tf.Tensor
-) -> tuple[gn_graphs.GraphsTuple, tf.Tensor]:
-    """Builds one GraphsTuple from the concatenated fields of a batch of graphs (vectorised).
-
-    Args:
-      values: ``TRAIN_FIELDS`` concatenated over the batch: nodes float32 [sum N, 3], edges
-        float32 [sum E, 4], senders/receivers int32 [sum E] (indices within their own graph),
-        labels float32 [sum E].
-      n_node: int32 [B] nodes per graph.
-      n_edge: int32 [B] edges per graph.
-
-    Returns:
-      ``(graphs, labels)``; see the module docstring for shapes. Senders and receivers are
-      offset by the number of nodes of the graphs before theirs.
-    """
-    edge_offsets = tf.repeat(tf.cumsum(n_node, exclusive=True), n_edge)
-    graphs = gn_graphs.GraphsTuple(
-        nodes=values["nodes"],
-        edges=values["edges"],
-        receivers=values["receivers"] + edge_offsets,
-        senders=values["senders"] + edge_offsets,
-        globals=tf.zeros([tf.shape(n_node)[0], 1], tf.float32),
-        n_node=n_node,
-        n_edge=n_edge,
-    )
-    return graphs, values["labels"]
 
 
 def graph_signature(graphs: Any) -> gn_graphs.GraphsTuple:
@@ -371,89 +342,9 @@ def iterate_batches(
 
 
 # ---------------------------------------------------------------------------- internals
-class _ShardReader:
-    """Reads one split's shards as (shard, record index, serialized record) triples."""
-
-    def __init__(self, dataset_dir: str | os.PathLike, manifest: Manifest, table: SplitTable):
-        self.dataset_dir = Path(dataset_dir)
-        self.table = table
-        self.paths = tf.constant([str(self.dataset_dir / f) for f in table.shard_files])
-        self.names = tf.constant(list(table.shard_files))
-        self.starts = tf.constant(table.shard_starts, tf.int64)
-        self.compression = "GZIP" if manifest.compression == "gzip" else ""
-
-    def records(self, shard: tf.Tensor) -> tf.data.Dataset:
-        """Dataset of (shard, record index, serialized record) for one whole shard."""
-        data = tf.data.TFRecordDataset(
-            tf.gather(self.paths, shard), self.compression, buffer_size=_READ_BUFFER_BYTES
-        )
-        return data.enumerate().map(lambda record, serialized: (shard, record, serialized))
-
-    def records_streamed(
-        self, graph_ids: np.ndarray, shard_order: np.ndarray, shards_per_group: int
-    ) -> tf.data.Dataset:
-        """The records ``graph_ids`` out of a stream of the shards in ``shard_order``, read
-        ``shards_per_group`` at a time round-robin (the plan's global order)."""
-        k = shards_per_group
-        groups = np.full((-(-len(shard_order) // k), k), -1, dtype=np.int64)
-        groups.reshape(-1)[: len(shard_order)] = shard_order
-        mine = np.zeros(self.table.num_graphs, dtype=bool)
-        mine[graph_ids] = True
-        is_mine = tf.constant(mine)
-
-        def read_group(group: tf.Tensor) -> tf.data.Dataset:
-            shards = tf.data.Dataset.from_tensor_slices(tf.boolean_mask(group, group >= 0))
-            # Deterministic parallel interleave = round-robin over the group, as planned.
-            return shards.interleave(
-                self.records,
-                cycle_length=k,
-                block_length=1,
-                num_parallel_calls=k,
-                deterministic=True,
-            )
-
-        def keep(shard: tf.Tensor, record: tf.Tensor, serialized: tf.Tensor) -> tf.Tensor:
-            return tf.gather(is_mine, tf.gather(self.starts, shard) + record)
-
-        return tf.data.Dataset.from_tensor_slices(groups).flat_map(read_group).filter(keep)
-
-    def records_by_offset(self, graph_ids: np.ndarray) -> tf.data.Dataset:
-        """The records ``graph_ids``, in that order, each read by seeking to its offset."""
-        offsets = _record_offsets(self.dataset_dir, self.table)
-        slices = (self.table.shard[graph_ids], self.table.record[graph_ids], offsets[graph_ids])
-
-        def read_one(shard: tf.Tensor, record: tf.Tensor, offset: tf.Tensor) -> tf.data.Dataset:
-            variant = tf.raw_ops.TFRecordDatasetV2(
-                filenames=tf.gather(self.paths, shard),
-                compression_type="",
-                buffer_size=tf.constant(0, tf.int64),  # read exactly the record, no read-ahead
-                byte_offsets=offset,
-            )
-            data = tf.data.experimental.from_variant(variant, tf.TensorSpec([], tf.string))
-            return data.take(1).map(lambda serialized: (shard, record, serialized))
-
-        return tf.data.Dataset.from_tensor_slices(slices).interleave(
-            read_one,
-            cycle_length=_PARALLEL_READS,
-            block_length=1,
-            num_parallel_calls=_PARALLEL_READS,
-            deterministic=True,
-        )
-
-    def parse_and_merge(
-        self, shard: tf.Tensor, record: tf.Tensor, serialized: tf.Tensor
-    ) -> tuple[gn_graphs.GraphsTuple, tf.Tensor]:
-        """Parses a batch of records [B] and merges them into one GraphsTuple."""
-        where = tf.strings.join(
-            ["record ", tf.strings.as_string(record), " of ", tf.gather(self.names, shard)]
-        )
-        values, rows = parse_example_batch(serialized, where, TRAIN_FIELDS)
-        return merge_graphs(values, rows["N"], rows["E"])
-
-
 def _batches(
     records: tf.data.Dataset,
-    reader: _ShardReader,
+    reader: ShardReader,
     batch_graphs: int,
     num_steps: Optional[int] = None,
 ) -> tf.data.Dataset:
@@ -475,7 +366,7 @@ def _batches(
     return merged.prefetch(_PREFETCH_BATCHES).with_options(_FIXED_PARALLELISM)
 
 
-def _subgraph_batches(reader: _ShardReader, plan: SubgraphPlan, worker: int) -> tf.data.Dataset:
+def _subgraph_batches(reader: ShardReader, plan: SubgraphPlan, worker: int) -> tf.data.Dataset:
     """The worker's steps of a subgraph plan: each unit's graph read by offset, its subgraph
     sampled (in parallel, order kept), ``batch_graphs`` subgraphs merged per step."""
     units = plan.worker_graph_ids(worker)
@@ -532,22 +423,6 @@ def _subgraph_batches(reader: _ShardReader, plan: SubgraphPlan, worker: int) -> 
     batched = sampled.ragged_batch(plan.batch_graphs).take(plan.num_steps)
     merged = batched.map(merge, num_parallel_calls=_PARALLEL_PARSES, deterministic=True)
     return merged.prefetch(_PREFETCH_BATCHES).with_options(_FIXED_PARALLELISM)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _cached_offsets(path: str, size: int, mtime_ns: int, num_records: int) -> np.ndarray:
-    return index_shard_records(path, num_records)
-
-
-def _record_offsets(dataset_dir: Path, table: SplitTable) -> np.ndarray:
-    """int64 [G] byte offset of every graph of the split in its shard (cached per shard file)."""
-    sizes = table.shard_sizes
-    per_shard = []
-    for file, size in zip(table.shard_files, sizes):
-        path = dataset_dir / file
-        stat = path.stat()
-        per_shard.append(_cached_offsets(str(path), stat.st_size, stat.st_mtime_ns, int(size)))
-    return np.concatenate(per_shard)  # rows are in (shard, record) order
 
 
 def _damaged_shard_error(
