@@ -10,7 +10,8 @@ The training loop sees a ``Workers`` object and nothing else of the strategy:
 * host-side collectives over processes for metrics: ``allreduce_host`` (sums) and
   ``allgather_host`` (concatenation in rank order).
 
-Public symbols: ``Workers``, ``HorovodWorkers``, ``StrategyWorkers``, ``make_workers``.
+Threads and cores of the workers: ``hvdtrack.train.cores``. Public symbols: ``Workers``,
+``HorovodWorkers``, ``StrategyWorkers``, ``make_workers``.
 """
 
 from __future__ import annotations
@@ -20,99 +21,23 @@ import json
 import math
 import os
 import socket
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from hvdtrack.errors import ConfigError
 from hvdtrack.train.config import DistributedConfig
+from hvdtrack.train.cores import (
+    cpu_threads,
+    launcher_local_size,
+    oversubscribed,
+    pin_cores,
+    set_threads,
+    share_cores,
+    threads_per_process,
+)
 from hvdtrack.train.watchdog import Watchdog
-
-
-def _cpu_threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-def _threads_per_process(processes_on_host: int) -> int:
-    """Cores for one of ``processes_on_host`` workers: a launcher that bound this process to a
-    subset of the cores (srun --cpu-bind, mpirun --bind-to) already divided them."""
-    available = _cpu_threads()
-    if available < (os.cpu_count() or available):
-        return available
-    return max(1, available // processes_on_host)
-
-
-# Ranks on this host, as launchers announce them before any communication starts.
-_LOCAL_SIZE_VARIABLES = ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
-
-
-def _launcher_local_size(environ=os.environ) -> int:
-    """Processes the launcher started on this host (1 when it does not say)."""
-    for name in _LOCAL_SIZE_VARIABLES:
-        try:
-            return max(1, int(environ[name]))
-        except (KeyError, ValueError):
-            continue
-    return 1
-
-
-def _oversubscribed(local_size: int) -> bool:
-    """True when this host's ranks outnumber the cores they may all use. A process the launcher
-    bound to a subset of the cores (srun --cpu-bind, mpirun --bind-to core) got its share."""
-    available = _cpu_threads()
-    if available < (os.cpu_count() or available):
-        return False
-    return local_size > available
-
-
-def _share_cores(local_size: int, environ=os.environ) -> bool:
-    """Prepares ranks that outnumber this host's cores; call before MPI starts.
-
-    Open MPI busy-polls while a rank waits at a collective unless told it is oversubscribed,
-    which horovodrun's ``-H localhost:N`` hides from it: 8 ranks on 2 cores then spent a third
-    of their CPU in the kernel and ran an epoch 1.7x slower than with yielding (18.1 s vs
-    10.4 s, docs/results.md). An explicit setting wins. Returns True when ranks share cores.
-    """
-    if not _oversubscribed(local_size):
-        return False
-    environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
-    return True
-
-
-def core_slice(cpus: Sequence[int], local_rank: int, local_size: int) -> list[int]:
-    """The cores of local rank ``local_rank`` of ``local_size`` among ``cpus``: disjoint slices
-    of ``len(cpus) // local_size`` cores in order (empty when ranks outnumber the cores)."""
-    per_rank = len(cpus) // local_size
-    return sorted(cpus)[local_rank * per_rank : (local_rank + 1) * per_rank]
-
-
-def _pin_cores(cpus: Sequence[int], local_rank: int, local_size: int) -> Optional[list[int]]:
-    """Binds every thread of this process to its slice of ``cpus``, the cores the process had
-    at start (see ``DistributedConfig.pin_cores``); returns the slice, or None when it leaves
-    the process on every core."""
-    if len(cpus) < (os.cpu_count() or len(cpus)):  # a launcher bound it already
-        return None
-    mine = core_slice(cpus, local_rank, local_size)
-    if not mine or len(mine) == len(cpus):
-        mine = sorted(cpus)  # one rank, or more ranks than cores: every core (elastic: again)
-    for task in os.listdir("/proc/self/task"):  # threads started so far (Horovod's, TF's)
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(int(task), mine)
-    return None if len(mine) == len(cpus) else mine
-
-
-def _set_threads(threads: int) -> None:
-    # Only possible before TensorFlow's runtime starts (before the first op); a process that
-    # already ran ops (a notebook, a test) keeps its settings.
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
-    except RuntimeError:
-        pass
 
 
 class Workers:
@@ -126,8 +51,8 @@ class Workers:
         self.num_processes = 1
         self.local_replicas = 1
         self.local_rank, self.local_size = 0, 1  # this process among those on its host
-        self.threads = config.threads_per_worker or _cpu_threads()
-        _set_threads(self.threads)
+        self.threads = config.threads_per_worker or cpu_threads()
+        set_threads(self.threads)
         self.shares_cores = False  # more processes on this host than cores
 
     # ------------------------------------------------------------------ identity
@@ -145,7 +70,7 @@ class Workers:
     @property
     def host_cores(self) -> int:
         """Cores this process may run on."""
-        return _cpu_threads()
+        return cpu_threads()
 
     @property
     def is_chief(self) -> bool:
@@ -223,7 +148,7 @@ class HorovodWorkers(Workers):
         if config.horovod_cycle_time_ms is not None:
             # Read by Horovod's background thread at hvd.init(); the config is the one source.
             os.environ["HOROVOD_CYCLE_TIME"] = f"{config.horovod_cycle_time_ms:g}"
-        self.shares_cores = _share_cores(_launcher_local_size())
+        self.shares_cores = share_cores(launcher_local_size())
         if config.deadline_s is not None:
             _set_horovod_deadline(config.deadline_s)
         hvd.init()
@@ -241,11 +166,11 @@ class HorovodWorkers(Workers):
                 )
             tf.config.set_visible_devices(gpus[self.local_rank], "GPU")
             tf.config.experimental.set_memory_growth(gpus[self.local_rank], True)
-        self.threads = config.threads_per_worker or _threads_per_process(hvd.local_size())
+        self.threads = config.threads_per_worker or threads_per_process(hvd.local_size())
         self._host_cpus, self._gpus = sorted(os.sched_getaffinity(0)), bool(gpus)
         self.pin_cores()
-        _set_threads(self.threads)
-        self.shares_cores = self.shares_cores or _oversubscribed(hvd.local_size())
+        set_threads(self.threads)
+        self.shares_cores = self.shares_cores or oversubscribed(hvd.local_size())
         self._op = hvd.Adasum if config.reduce_op == "adasum" else hvd.Sum
         self._compression = (
             hvd.Compression.fp16 if config.compression == "fp16" else hvd.Compression.none
@@ -265,7 +190,7 @@ class HorovodWorkers(Workers):
         after an elastic reset renumbers the ranks); ``self.cores`` is the slice or None."""
         self.cores = None
         if self.config.pin_cores and not self._gpus:
-            self.cores = _pin_cores(self._host_cpus, self.local_rank, self.local_size)
+            self.cores = pin_cores(self._host_cpus, self.local_rank, self.local_size)
 
     def describe(self) -> dict[str, Any]:
         info = super().describe()
@@ -371,8 +296,8 @@ class StrategyWorkers(Workers):
         if config.strategy == "multiworker":
             resolver = _cluster_resolver()
             hosts_here = _local_worker_count(resolver)
-            self.threads = config.threads_per_worker or _threads_per_process(hosts_here)
-            _set_threads(self.threads)
+            self.threads = config.threads_per_worker or threads_per_process(hosts_here)
+            set_threads(self.threads)
             if config.deadline_s is not None:
                 _set_coordination_deadline(resolver, config.deadline_s)
             self.strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
@@ -381,10 +306,10 @@ class StrategyWorkers(Workers):
             self.name = "multiworker"
             self.local_size = hosts_here
             self.local_rank = self.rank % hosts_here
-            self.shares_cores = _oversubscribed(hosts_here)
+            self.shares_cores = oversubscribed(hosts_here)
         else:
-            self.threads = config.threads_per_worker or _cpu_threads()
-            _set_threads(self.threads)
+            self.threads = config.threads_per_worker or cpu_threads()
+            set_threads(self.threads)
             devices = _mirrored_devices(config.num_cpu_devices)
             self.strategy = tf.distribute.MirroredStrategy(devices=devices)
             self.rank = 0

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hvdtrack.train.distribute import _launcher_local_size, _share_cores, core_slice
+from hvdtrack.train.cores import core_slice, launcher_local_size, share_cores
 
 
 @pytest.mark.parametrize(
@@ -17,24 +17,24 @@ from hvdtrack.train.distribute import _launcher_local_size, _share_cores, core_s
     ],
 )
 def test_local_size_from_launcher(environ, expected):
-    assert _launcher_local_size(environ) == expected
+    assert launcher_local_size(environ) == expected
 
 
 def test_more_ranks_than_cores_makes_mpi_yield():
     environ = {}
-    assert _share_cores(100_000, environ) is True
+    assert share_cores(100_000, environ) is True
     assert environ == {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
 def test_an_explicit_mpi_setting_wins():
     environ = {"OMPI_MCA_mpi_yield_when_idle": "0"}
-    assert _share_cores(100_000, environ) is True
+    assert share_cores(100_000, environ) is True
     assert environ == {"OMPI_MCA_mpi_yield_when_idle": "0"}
 
 
 def test_one_rank_per_core_changes_nothing():
     environ = {}
-    assert _share_cores(1, environ) is False
+    assert share_cores(1, environ) is False
     assert environ == {}
 
 
