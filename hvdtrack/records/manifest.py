@@ -418,23 +418,16 @@ def shard_problem(
 def check_shard_files(
     manifest: Manifest, dataset_dir: str | os.PathLike, splits: Optional[Iterable[str]] = None
 ) -> None:
-    """Checks that every shard (of ``splits``, default all) exists with the manifest's size.
-
-    Raises:
-      DataError: naming the missing or wrongly sized (truncated) shard, its split and directory.
-    """
+    """Checks that every shard (of ``splits``, default all) exists with the manifest's size;
+    DataError naming the missing or wrongly sized (truncated) shard, its split and directory."""
     _raise_first_problem(manifest, dataset_dir, splits, checksum=False)
 
 
 def verify_checksums(
     manifest: Manifest, dataset_dir: str | os.PathLike, splits: Optional[Iterable[str]] = None
 ) -> None:
-    """Checks size and sha256 of every shard (of ``splits``, default all) against the manifest.
-
-    Raises:
-      DataError: naming the first shard that is missing, of the wrong size or whose checksum
-        does not match.
-    """
+    """Checks size and sha256 of every shard (of ``splits``, default all) against the manifest;
+    DataError naming the first shard missing, of the wrong size or not matching its checksum."""
     check_shard_files(manifest, dataset_dir, splits)  # every size first: no hashing in vain
     _raise_first_problem(manifest, dataset_dir, splits, checksum=True)
 
@@ -443,10 +436,7 @@ def check_splits(manifest: Manifest, dataset_dir: str | os.PathLike, splits: Ite
     """Refuses, before anything is read, a split of ``splits`` that holds no graphs or whose
     shard files are missing or of the wrong size (a training run needs train, and val to
     validate: an empty or broken one would otherwise fail only when first read, an epoch in).
-
-    Raises:
-      DataError: naming the dataset directory, the split and (for a shard) the file.
-    """
+    DataError names the dataset directory, the split and (for a shard) the file."""
     splits = list(splits)
     for split in splits:
         if not manifest.num_graphs(split):
@@ -469,12 +459,8 @@ def open_dataset(
       splits: only check the shards of these splits (default: all).
       required: splits that must hold graphs (``check_splits``), e.g. train and val for training.
 
-    Returns:
-      The validated ``Manifest``.
-
-    Raises:
-      DataError: see ``Manifest.load``, ``check_splits``, ``check_shard_files`` and
-        ``verify_checksums``.
+    Returns the validated ``Manifest``; DataError: see ``Manifest.load``, ``check_splits``,
+    ``check_shard_files`` and ``verify_checksums``.
     """
     manifest = Manifest.load(dataset_dir)
     check_splits(manifest, dataset_dir, required)
@@ -485,18 +471,11 @@ def open_dataset(
     return manifest
 
 
-def _raise_first_problem(
-    manifest: Manifest,
-    dataset_dir: str | os.PathLike,
-    splits: Optional[Iterable[str]],
-    checksum: bool,
-) -> None:
+def _raise_first_problem(manifest: Manifest, dataset_dir, splits, checksum: bool) -> None:
     wanted = set(manifest.splits if splits is None else splits)
     for shard in manifest.shards:
-        if shard.split not in wanted:
-            continue
-        problem = shard_problem(shard, dataset_dir, checksum)
-        if problem is not None:
+        problem = shard.split in wanted and shard_problem(shard, dataset_dir, checksum)
+        if problem:
             raise DataError(problem)
 
 
