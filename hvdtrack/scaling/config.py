@@ -16,24 +16,20 @@ class ScalingConfig:
     """How runs are timed, priced and charged for energy, and which network predictions assume.
 
     Attributes:
-      device_kind: what one device is, e.g. ``"cpu-core"`` or ``"gpu"``; picks the power meter
-        (RAPL for CPUs, NVML for GPUs) and labels the tables.
-      devices_per_worker: devices one worker occupies (cores per worker for ``cpu-core``); the
-        cost and the estimated power of a run of N workers count ``N * devices_per_worker``.
-      price_per_device_hour: dollars per device-hour (the defaults are placeholders of the
-        right order: about $0.05 per cloud CPU core-hour, about $3 per A100-hour).
-      device_power_watts: power per device used when nothing is measured (the energy is then
-        labelled an estimate); about 5 W per server core, 400 W per A100.
-      energy_source: ``auto`` measures where the machine allows (RAPL for CPUs, NVML for
-        GPUs) and otherwise estimates; the others force one source.
-      timing_warmup_steps: steps per rank, from the first, marked warm-up and excluded from
-        step statistics (tracing and first-touch allocation make them slow).
-      timing_warmup_epochs: epochs, from the first, excluded from the epoch time when the run
-        has more epochs than this.
-      interconnect: the network assumed for predictions beyond this machine.
-      bandwidth_gbps: per-link bandwidth in gigabits per second; required for ``custom``,
-        otherwise it replaces the preset's value.
-      latency_us: per-message latency in microseconds; as ``bandwidth_gbps``.
+      device_kind: what one device is (``"cpu-core"``, ``"gpu"``): picks the power meter (RAPL
+        for CPUs, NVML for GPUs) and labels the tables.
+      devices_per_worker: devices one worker occupies (cores per worker for ``cpu-core``); a
+        run of N workers (with a pipeline of S stages: N x S) is priced and powered on them.
+      price_per_device_hour: dollars (placeholders of the right order: about $0.05 per cloud
+        CPU core-hour, $3 per A100-hour).
+      device_power_watts: power per device when nothing is measured (then labelled an
+        estimate): about 5 W per server core, 400 W per A100.
+      energy_source: ``auto`` measures where the machine allows, else estimates; the others
+        force one source.
+      timing_warmup_steps, timing_warmup_epochs: steps per rank and epochs, from the first,
+        left out of the step statistics and the epoch time (tracing, first-touch allocation).
+      interconnect, bandwidth_gbps, latency_us: the network of predictions beyond this machine;
+        the numbers (Gb/s, us) replace the preset's and are required for ``custom``.
     """
 
     device_kind: str = "cpu-core"
@@ -50,19 +46,14 @@ class ScalingConfig:
     def __post_init__(self):
         check(bool(self.device_kind.strip()), "device_kind", "must not be empty")
         check(self.devices_per_worker >= 1, "devices_per_worker", "must be >= 1")
-        check(self.price_per_device_hour >= 0, "price_per_device_hour", "must be >= 0")
         check(self.device_power_watts > 0, "device_power_watts", "must be > 0")
-        check(self.timing_warmup_steps >= 0, "timing_warmup_steps", "must be >= 0")
-        check(self.timing_warmup_epochs >= 0, "timing_warmup_epochs", "must be >= 0")
+        for key in ("price_per_device_hour", "timing_warmup_steps", "timing_warmup_epochs"):
+            check(getattr(self, key) >= 0, key, "must be >= 0")
+        bandwidth, latency = self.bandwidth_gbps, self.latency_us
+        check(bandwidth is None or bandwidth > 0, "bandwidth_gbps", "must be > 0 or null")
+        check(latency is None or latency >= 0, "latency_us", "must be >= 0 or null")
         check(
-            self.bandwidth_gbps is None or self.bandwidth_gbps > 0,
-            "bandwidth_gbps",
-            "must be > 0 or null",
-        )
-        check(self.latency_us is None or self.latency_us >= 0, "latency_us", "must be >= 0 or null")
-        check(
-            self.interconnect != "custom"
-            or (self.bandwidth_gbps is not None and self.latency_us is not None),
+            self.interconnect != "custom" or None not in (bandwidth, latency),
             "interconnect",
             "is 'custom': set scaling.bandwidth_gbps and scaling.latency_us too",
         )

@@ -39,9 +39,7 @@ COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "speedup": ("speedup", _fixed(3)),
     "efficiency": ("efficiency", _fixed(3)),
     "batch s": ("batch_s", _fixed(4)),
-    "std": ("batch_std_s", _fixed(4)),
-    "min": ("batch_min_s", _fixed(4)),
-    "max": ("batch_max_s", _fixed(4)),
+    **{k: (f"batch_{k}_s", _fixed(4)) for k in ("std", "min", "max")},
     "data wait s": ("data_s", _fixed(4)),
     "exchange s": ("exchange_s", _fixed(4)),
     "graphs/s": ("graphs_per_s", _sig),
@@ -51,7 +49,7 @@ COLUMNS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "cost/epoch": ("cost_per_epoch", lambda d: f"${d:,.2f}" if d >= 1 else f"${_sig(d)}"),
     "energy/epoch": (
         "energy_per_epoch_j",
-        lambda j: f"{_sig(j / 1e3)} kJ" if j >= 1e3 else f"{_sig(j)} J",
+        lambda j: _sig(j / 1e3) + " kJ" if j >= 1e3 else _sig(j) + " J",
     ),
     "val loss": ("val_loss", _fixed(4)),
     "AUC": ("auc", _fixed(3)),
@@ -70,11 +68,9 @@ TABLES = {
     + ["edge eff.", "purity"],
 }
 # The per-epoch accounting of one run: column title -> key of timing.epoch_accounts' rows.
-ACCOUNT_COLUMNS = {"wall": "wall_s", "train": "time_s"} | {
-    **{part.removesuffix("_s"): part for part in EPOCH_PARTS},
-    "exchange wait": "wait_s",
-    "rest": "rest_s",
-}
+ACCOUNT_COLUMNS = {"wall": "wall_s", "train": "time_s"}
+ACCOUNT_COLUMNS |= {p.removesuffix("_s"): p for p in EPOCH_PARTS} | {"exchange wait": "wait_s"}
+ACCOUNT_COLUMNS["rest"] = "rest_s"
 
 
 # The epochs of one run: column title -> (key of report.summarize's epoch_table, cell format).
@@ -83,20 +79,16 @@ EPOCH_COLUMNS = {
     "s": ("seconds", "{:.1f}".format),
     "edges/s": ("edges_per_s", "{:,.0f}".format),
     "train loss": ("train_loss", _fixed(4)),
-    "val loss": ("val_loss", _fixed(4)),
-    "AUC": ("val_auc", _fixed(4)),
-    "efficiency": ("val_efficiency", _fixed(4)),
-    "purity": ("val_purity", _fixed(4)),
+    **{t: (f"val_{k}", _fixed(4)) for t, k in (("val loss", "loss"), ("AUC", "auc"))},
+    **{k: (f"val_{k}", _fixed(4)) for k in ("efficiency", "purity")},
 }
 
 
 def markdown_table(frame: pd.DataFrame, align: str = "---:") -> list[str]:
     """The lines of a Markdown table of ``frame``'s cells (as text) under its column names."""
-    rows = ["| " + " | ".join(map(str, row)) + " |" for row in frame.astype(str).values]
-    return [
-        "| " + " | ".join(map(str, frame.columns)) + " |",
-        f"|{align}" * frame.shape[1] + "|",
-    ] + rows
+    rows = [frame.columns, *frame.astype(str).values]
+    lines = ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    return [lines[0], f"|{align}" * frame.shape[1] + "|", *lines[1:]]
 
 
 def _cells(table: pd.DataFrame) -> pd.DataFrame:
@@ -165,13 +157,8 @@ def render_markdown(report: ScalingReport) -> str:
         lines += [f"- {v.describe()}" for v in report.validation] or ["- (no multi-worker run)"]
     if report.notes:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in report.notes]
-    lines += [
-        "",
-        "Plots: speedup_efficiency.png, time_cost.png, prediction.png. "
-        "Data: scaling.csv, scaling.json.",
-        "",
-    ]
-    return "\n".join(lines)
+    plots = "Plots: speedup_efficiency.png, time_cost.png, prediction.png. "
+    return "\n".join([*lines, "", plots + "Data: scaling.csv, scaling.json.", ""])
 
 
 def render_summary(s: dict[str, Any]) -> str:
@@ -214,11 +201,8 @@ def render_summary(s: dict[str, Any]) -> str:
         "",
         *_accounts_lines(s),
     ]
-    shown = [
-        f"{k} {v:.4f}"
-        for k, v in s["metrics"].items()
-        if k != "num_edges" and isinstance(v, float) and math.isfinite(v)
-    ]
+    metrics = {k: v for k, v in s["metrics"].items() if k != "num_edges"}.items()
+    shown = [f"{k} {v:.4f}" for k, v in metrics if isinstance(v, float) and math.isfinite(v)]
     if shown:
         lines += ["", "Final validation: " + ", ".join(shown)]
     return "\n".join(lines) + "\n"

@@ -50,6 +50,11 @@ VARYING_KEYS = (
     "scaling",
 )
 MODE_KEYS = ("train.subgraphs", "distributed.pipeline")  # what makes the training mode
+# Scaling mode -> the batch it holds fixed (run.json key, in words).
+FIXED = {
+    "strong": ("global_batch_graphs", "global batch"),
+    "weak": ("batch_graphs", "per-worker batch"),
+}
 PLOTS = ("speedup_efficiency", "time_cost", "prediction")
 REPORT_FILES = ("report.md", "scaling.csv", "scaling.json", *(f"{p}.png" for p in PLOTS))
 # Column of the report's table -> key of run.json's final validation metrics.
@@ -118,8 +123,7 @@ def build_report(
         raise DataError("no runs to report")
     runs = sorted(_finished(runs), key=lambda r: (training_mode(r), r.num_workers))
     groups = {k: list(g) for k, g in itertools.groupby(runs, training_mode)}
-    mode = mode or _infer_mode(runs, groups.values())
-    _check_comparable(runs, groups.values(), mode)
+    mode = _check_comparable(runs, list(groups.values()), mode)
     baselines = {k: g[0] for k, g in groups.items() if g[0].num_workers == 1}
     if not baselines:
         raise DataError(
@@ -307,23 +311,9 @@ def _finished(runs: Sequence[Run]) -> list[Run]:
     return list(runs)
 
 
-def _infer_mode(runs: Sequence[Run], groups) -> str:
-    """ "strong" if each training mode's runs share one global batch, else "weak" if they share
-    the per-worker batch, else ConfigError."""
-    for key, mode in (("global_batch_graphs", "strong"), ("batch_graphs", "weak")):
-        if all(len({r.info[key] for r in g}) == 1 for g in groups):
-            return mode
-    raise ConfigError(
-        "cannot tell strong from weak scaling: both the per-worker batch and the global batch "
-        f"differ between the runs ({_listing(runs, 'batch_graphs')}); "
-        "report runs of one sweep, or pass --mode"
-    )
-
-
-def _check_comparable(runs: Sequence[Run], groups, mode: str) -> None:
-    """Raises ConfigError unless the runs may share a report (see the module docstring)."""
-    if mode not in ("strong", "weak"):
-        raise ConfigError(f"mode must be 'strong' or 'weak', got {mode!r}")
+def _check_comparable(runs: Sequence[Run], groups: list[list[Run]], mode: Optional[str]) -> str:
+    """Raises unless the runs may share a report (see the module docstring); returns ``mode``,
+    or when None the one whose batch (``FIXED``) each training mode's runs share."""
     for group in groups:
         for a, b in zip(group, group[1:]):
             if a.num_workers == b.num_workers:
@@ -331,6 +321,20 @@ def _check_comparable(runs: Sequence[Run], groups, mode: str) -> None:
                     f"two runs with N={a.num_workers}: {a.path} and {b.path}; "
                     "keep one per worker count"
                 )
+    varying = {  # scaling mode -> a training mode whose runs differ in its fixed batch
+        m: next((g for g in groups if len({r.info[key] for r in g}) > 1), None)
+        for m, (key, _) in FIXED.items()
+    }
+    if mode is None:
+        mode = next((m for m, group in varying.items() if group is None), None)
+        if mode is None:
+            raise ConfigError(
+                "cannot tell strong from weak scaling: both the per-worker batch and the global "
+                f"batch differ between the runs ({_listing(runs, 'batch_graphs')}); "
+                "report runs of one sweep, or pass --mode"
+            )
+    if mode not in FIXED:
+        raise ConfigError(f"mode must be 'strong' or 'weak', got {mode!r}")
     first = _comparable_config(runs[0])
     for run in runs[1:]:
         other = _comparable_config(run)
@@ -342,16 +346,13 @@ def _check_comparable(runs: Sequence[Run], groups, mode: str) -> None:
                     f"(N={runs[0].num_workers}) but {b!r} in {run.path} (N={run.num_workers}); "
                     "report the runs of one config together"
                 )
-    key, what, other = {
-        "strong": ("global_batch_graphs", "global batch", "weak"),
-        "weak": ("batch_graphs", "per-worker batch", "strong"),
-    }[mode]
-    for group in groups:
-        if len({r.info[key] for r in group}) > 1:
-            raise ConfigError(
-                f"{mode} scaling keeps the {what} fixed, but the runs differ "
-                f"({_listing(group, key)}); did you mean --mode {other}?"
-            )
+    if varying[mode]:
+        (key, what), other = FIXED[mode], "weak" if mode == "strong" else "strong"
+        raise ConfigError(
+            f"{mode} scaling keeps the {what} fixed, but the runs differ "
+            f"({_listing(varying[mode], key)}); did you mean --mode {other}?"
+        )
+    return mode
 
 
 def _comparable_config(run: Run) -> dict[str, Any]:
