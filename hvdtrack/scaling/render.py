@@ -73,7 +73,7 @@ ACCOUNT_COLUMNS |= {p.removesuffix("_s"): p for p in EPOCH_PARTS} | {"exchange w
 ACCOUNT_COLUMNS["rest"] = "rest_s"
 
 
-# The epochs of one run: column title -> (key of report.summarize's epoch_table, cell format).
+# The epochs of one run: column title -> (key of the summary's epoch_table, cell format).
 EPOCH_COLUMNS = {
     "epoch": ("epoch", str),
     "s": ("seconds", "{:.1f}".format),
@@ -162,7 +162,7 @@ def render_markdown(report: ScalingReport) -> str:
 
 
 def render_summary(s: dict[str, Any]) -> str:
-    """The text of one run's summary.md, from ``report.summarize``."""
+    """The text of one run's summary.md, from the dict of ``report.write_summary``."""
     source = s["energy_source"]
     headline = _cells(pd.DataFrame([s]))[TABLES["run"]]
     steps = pd.DataFrame(s["step_statistics"]).T
@@ -173,9 +173,10 @@ def render_summary(s: dict[str, Any]) -> str:
     lines = [
         f"# Run {s['run_dir']}",
         "",
-        f"`{s['config_name']}`, {s['strategy']} with {s['num_workers']} workers "
-        f"({s['threads_per_worker']} threads each), global batch {s['global_batch_graphs']} graphs, "
-        f"learning rate {s['learning_rate']:.3g}, {s['epochs']} epochs, status {s['status']}.",
+        f"`{s['config_name']}` ({s['training_mode']}), {s['strategy']} with {s['num_workers']} "
+        f"workers ({s['threads_per_worker']} threads each), global batch "
+        f"{s['global_batch_graphs']} graphs, learning rate {s['learning_rate']:.3g}, "
+        f"{s['epochs']} epochs, status {s['status']}.",
         "",
         *markdown_table(headline),
         "",

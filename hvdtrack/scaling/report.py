@@ -179,14 +179,18 @@ def write_report(report: ScalingReport, out_dir: str | os.PathLike) -> dict[str,
     return paths
 
 
-def summarize(run: Run) -> dict[str, Any]:
-    """Plain numbers describing one run (see the module docstring)."""
+def write_summary(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+    """Writes ``summary.md`` and ``summary.json`` of ``run_dir`` into ``out`` (default
+    ``run_dir/report``); returns the .md path."""
+    from hvdtrack.scaling.render import render_summary
+
+    run = read_run(run_dir)
     info, scaling = run.info, _scaling_of(run, [])
     accounts = timing.epoch_accounts(run)
     epochs = sorted((e for e in run.epochs if e.rank == 0), key=lambda e: e.epoch)
     shown = ("config_name", "status", "strategy", "threads_per_worker", "global_batch_graphs")
     val = ("loss", "auc", "efficiency", "purity")
-    return {
+    summary = {
         "run_dir": str(run.path),
         **{key: info.get(key) for key in (*shown, "learning_rate", "device_kind")},
         "training_mode": training_mode(run),
@@ -213,14 +217,6 @@ def summarize(run: Run) -> dict[str, Any]:
         "flagged_epochs": sum(row["flagged"] for row in accounts),
         "rest_limit": timing.REST_LIMIT,
     }
-
-
-def write_summary(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
-    """Writes ``summary.md`` and ``summary.json`` of ``run_dir`` into ``out`` (default
-    ``run_dir/report``); returns the .md path."""
-    from hvdtrack.scaling.render import render_summary
-
-    summary = summarize(read_run(run_dir))
     out = Path(out) if out is not None else Path(run_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
     with atomic_write(out / "summary.md") as f:
@@ -238,15 +234,12 @@ def _measures(run: Run, scaling: ScalingConfig) -> dict[str, Any]:
         raise DataError(f"{run.path}: epoch time is 0 s in timing.jsonl; the timing is broken")
     work = maths.epoch_work(run, warmup_epochs)
     devices = n * scaling.devices_per_worker * _pipeline(run)[0]
-    energy = run.info.get("energy")
-    if energy is None:
-        power, source = scaling.device_power_watts * devices, "estimate"
-    else:
-        # joules is the run's total over all processes; watts may be one process's mean.
-        seconds = energy.get("seconds")
-        total = isinstance(seconds, (int, float)) and seconds > 0
-        power = energy["joules"] / seconds if total else float(energy["watts"])
-        source = str(energy["source"])
+    estimate = {"watts": scaling.device_power_watts * devices, "source": "estimate"}
+    energy = run.info.get("energy") or estimate
+    # joules is the run's total over all processes; watts may be one process's mean.
+    seconds = energy.get("seconds")
+    total = isinstance(seconds, (int, float)) and seconds > 0
+    power = energy["joules"] / seconds if total else float(energy["watts"])
     per_s = {f"{k}_per_s": work[k] / epoch_s for k in ("graphs", "edges")}
     return {
         "epoch_s": epoch_s,
@@ -257,7 +250,7 @@ def _measures(run: Run, scaling: ScalingConfig) -> dict[str, Any]:
         "cost_per_epoch": devices * epoch_s / 3600 * scaling.price_per_device_hour,
         "power_watts": power,
         "energy_per_epoch_j": power * epoch_s,
-        "energy_source": source,
+        "energy_source": str(energy["source"]),
     }
 
 

@@ -100,12 +100,9 @@ class SweepPlan:
 @dataclasses.dataclass(frozen=True)
 class SlurmOptions:
     """sbatch options of a SLURM sweep; None keeps the scripts' ``#SBATCH`` default.
-
-    ``tasks_per_node`` defaults to ``gpus_per_node`` if set, else all N on one node; ``time``,
+    ``tasks_per_node`` defaults to ``gpus_per_node``, else all N on one node; ``time``,
     ``partition`` and ``account`` apply to every job; ``setup`` lines (``module load ...``) run
-    before submitting, and sbatch passes the environment they make (and ``SRUN_MPI``, ``PYTHON``,
-    ``CONTAINER`` of train.sbatch) on to the jobs.
-    """
+    before submitting, and sbatch passes the environment they make on to the jobs."""
 
     tasks_per_node: Optional[int] = None
     gpus_per_node: Optional[int] = None
@@ -283,9 +280,7 @@ def write_slurm_scripts(
         for path in staged.commit():
             path.chmod(0o755)
     print(f"[sweep] wrote {slurm_dir}: prepare.sbatch, train.sbatch, submit_all.sh", file=out)
-    print(
-        f"[sweep] submit all (prepare -> runs -> report): bash {paths['submit_all.sh']}", file=out
-    )
+    print("[sweep] submit all (prepare -> runs -> report): bash", paths["submit_all.sh"], file=out)
     return paths
 
 
@@ -360,17 +355,9 @@ def _finished(run_dir: Path) -> bool:
 
 def _run(command: list[str], log: Path, env: dict[str, str], what: str, out: IO[str]) -> None:
     lines: collections.deque[str] = collections.deque(maxlen=400)
+    pipe = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
     try:
-        with (
-            open(log, "w") as f,
-            subprocess.Popen(
-                command,
-                env={**os.environ, **env},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            ) as proc,
-        ):
+        with open(log, "w") as f, subprocess.Popen(command, env=os.environ | env, **pipe) as proc:
             for line in proc.stdout:
                 f.write(line)
                 out.write(line)
