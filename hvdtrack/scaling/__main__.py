@@ -132,7 +132,7 @@ def _report(args: argparse.Namespace) -> None:
 def _predict(args: argparse.Namespace) -> None:
     import pandas as pd
 
-    from hvdtrack.scaling import predict, report, sweep
+    from hvdtrack.scaling import maths, report, sweep
 
     if args.interconnect == "custom" and None in (args.bandwidth_gbps, args.latency_us):
         raise ConfigError("--interconnect custom needs --bandwidth-gbps and --latency-us")
@@ -141,15 +141,15 @@ def _predict(args: argparse.Namespace) -> None:
     built = report.build_report(runs, args.mode, args.measured_network, given)
     # The N=1 run the report predicts from (build_report found one).
     baseline = min((r for r in runs if r.num_workers == 1), key=report.training_mode)
-    compute_s, gradient_bytes, note = predict.baseline_inputs(baseline)
-    network = predict.network_from_config(built.scaling)
+    compute_s, gradient_bytes, note = maths.baseline_inputs(baseline)
+    network = maths.network_from_config(built.scaling)
     print(
         f"{built.mode} scaling of {built.config_name}: single-worker step {compute_s * 1e3:.2f} ms "
         f"without exchange, {gradient_bytes:,} gradient bytes" + (f" ({note})" if note else "")
     )
     print(f"network {network.name}: {network.bandwidth_gbps:g} Gb/s, {network.latency_us:g} us")
     ns = sweep.parse_worker_counts(args.ns)
-    preds = predict.predict_scaling(compute_s, gradient_bytes, network, built.mode, ns)
+    preds = maths.predict_scaling(compute_s, gradient_bytes, network, built.mode, ns)
     table = pd.DataFrame(map(dataclasses.asdict, preds))
     ms = {"compute_s": "compute ms", "allreduce_s": "allreduce ms", "step_s": "step ms"}
     table[list(ms)] *= 1e3

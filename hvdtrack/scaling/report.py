@@ -31,7 +31,7 @@ import pandas as pd
 
 from hvdtrack import configtools
 from hvdtrack.errors import ConfigError, DataError
-from hvdtrack.scaling import maths, predict
+from hvdtrack.scaling import maths
 from hvdtrack.scaling.config import ScalingConfig
 from hvdtrack.train import timing
 from hvdtrack.train.runinfo import flatten_config
@@ -84,7 +84,7 @@ class ScalingReport:
     scaling: ScalingConfig
     notes: list[str]
     prediction: Optional[dict[str, Any]]
-    validation: list[predict.Validation]
+    validation: list[maths.Validation]
 
     @property
     def training_modes(self) -> list[str]:
@@ -115,7 +115,7 @@ def build_report(
     """Checks that the runs belong together (see the module docstring) and computes the table.
 
     ``mode`` ("strong" or "weak") is inferred from the batches when None; ``measured_network``
-    (a ``predict.PRESETS`` name) is the link the runs used, to check the model against them;
+    (a ``maths.PRESETS`` name) is the link the runs used, to check the model against them;
     ``overrides`` replace ``ScalingConfig`` fields. DataError: unfinished runs, two runs of one
     mode and N, no N=1 run at all; ConfigError: runs of different configs or of the wrong mode.
     """
@@ -368,23 +368,23 @@ def _scaling_of(run: Run, notes: list[str]) -> ScalingConfig:
 
 def _prediction(
     runs: list[Run], mode: str, scaling: ScalingConfig, measured_network: str, notes: list[str]
-) -> tuple[Optional[dict[str, Any]], list[predict.Validation]]:
+) -> tuple[Optional[dict[str, Any]], list[maths.Validation]]:
     try:
-        compute_s, gradient_bytes, note = predict.baseline_inputs(runs[0])
+        compute_s, gradient_bytes, note = maths.baseline_inputs(runs[0])
     except DataError as err:
         notes.append(f"no prediction beyond this machine: {err}")
         return None, []
     notes += [note] if note else []
-    networks = dict(predict.PRESETS)
-    configured = predict.network_from_config(scaling)
+    networks = dict(maths.PRESETS)
+    configured = maths.network_from_config(scaling)
     if configured != networks.get(configured.name):
         networks[f"{configured.name} (config)"] = configured
     inputs = {"step_compute_s": compute_s, "gradient_bytes": gradient_bytes}
     efficiency = {
-        k: [dataclasses.asdict(p) for p in predict.predict_scaling(*inputs.values(), v, mode)]
+        k: [dataclasses.asdict(p) for p in maths.predict_scaling(*inputs.values(), v, mode)]
         for k, v in networks.items()
     }
-    validation = predict.validate_against(runs, mode, predict.PRESETS[measured_network])
+    validation = maths.validate_against(runs, mode, maths.PRESETS[measured_network])
     if not validation:
         notes.append("no multi-worker run measured: the model could not be checked here")
     networks_json = {name: dataclasses.asdict(net) for name, net in networks.items()}

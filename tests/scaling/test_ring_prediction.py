@@ -6,9 +6,9 @@ import pytest
 
 from hvdtrack.configtools import from_mapping
 from hvdtrack.errors import ConfigError, DataError
-from hvdtrack.scaling import predict
+from hvdtrack.scaling import maths
 from hvdtrack.scaling.config import ScalingConfig
-from hvdtrack.scaling.predict import NetworkModel
+from hvdtrack.scaling.maths import NetworkModel
 from hvdtrack.train.timing import read_run
 
 # 80 Gb/s = 10 GB/s; no latency unless a test adds it.
@@ -18,23 +18,23 @@ TEN_GB_S = NetworkModel("test", 80.0, 0.0)
 def test_ring_allreduce_time_literal():
     # 1 GB over 4 workers at 10 GB/s, 10 us: 2*3/4 * 0.1 s + 2*3 * 10 us = 0.15006 s.
     net = NetworkModel("test", 80.0, 10.0)
-    assert predict.ring_allreduce_time(1e9, 4, net) == pytest.approx(0.15006)
+    assert maths.ring_allreduce_time(1e9, 4, net) == pytest.approx(0.15006)
     # 2 workers: 2*1/2 * 0.1 s + 2 * 10 us.
-    assert predict.ring_allreduce_time(1e9, 2, net) == pytest.approx(0.10002)
-    assert predict.ring_allreduce_time(1e9, 1, net) == 0.0
+    assert maths.ring_allreduce_time(1e9, 2, net) == pytest.approx(0.10002)
+    assert maths.ring_allreduce_time(1e9, 1, net) == 0.0
 
 
 def test_strong_and_weak_predictions_literal():
     # t_c = 1 s, 1 GB of gradients, N = 2: allreduce 0.1 s.
-    (strong,) = predict.predict_scaling(1.0, 1e9, TEN_GB_S, "strong", ns=(2,))
+    (strong,) = maths.predict_scaling(1.0, 1e9, TEN_GB_S, "strong", ns=(2,))
     assert strong.compute_s == 0.5 and strong.allreduce_s == pytest.approx(0.1)
     assert strong.efficiency == pytest.approx(1.0 / (2 * 0.6))  # 0.833
-    (weak,) = predict.predict_scaling(1.0, 1e9, TEN_GB_S, "weak", ns=(2,))
+    (weak,) = maths.predict_scaling(1.0, 1e9, TEN_GB_S, "weak", ns=(2,))
     assert weak.step_s == pytest.approx(1.1) and weak.efficiency == pytest.approx(1 / 1.1)
 
 
 def test_default_worker_counts_and_falling_efficiency():
-    preds = predict.predict_scaling(0.2, 4e6, predict.PRESETS["infiniband-hdr"], "weak")
+    preds = maths.predict_scaling(0.2, 4e6, maths.PRESETS["infiniband-hdr"], "weak")
     assert [p.n for p in preds] == [8, 16, 32, 64, 128, 256, 512, 1024]
     effs = [p.efficiency for p in preds]
     assert effs == sorted(effs, reverse=True) and 0 < effs[-1] < effs[0] < 1
@@ -42,14 +42,13 @@ def test_default_worker_counts_and_falling_efficiency():
 
 def test_network_from_config_presets_and_overrides():
     assert (
-        predict.network_from_config(ScalingConfig(interconnect="nvlink"))
-        == predict.PRESETS["nvlink"]
+        maths.network_from_config(ScalingConfig(interconnect="nvlink")) == maths.PRESETS["nvlink"]
     )
-    faster = predict.network_from_config(
+    faster = maths.network_from_config(
         ScalingConfig(interconnect="ethernet-25g", bandwidth_gbps=100.0)
     )
     assert (faster.bandwidth_gbps, faster.latency_us) == (100.0, 25.0)
-    custom = predict.network_from_config(
+    custom = maths.network_from_config(
         ScalingConfig(interconnect="custom", bandwidth_gbps=10.0, latency_us=3.0)
     )
     assert (custom.name, custom.bandwidth_gbps, custom.latency_us) == ("custom", 10.0, 3.0)
@@ -82,7 +81,7 @@ def test_validation_against_measured_run_states_error(tmp_path, synthetic_run):
         exchange_s=0.09,
         gradient_bytes=1_000_000_000,
     )
-    (v,) = predict.validate_against([read_run(one), read_run(two)], "strong", TEN_GB_S)
+    (v,) = maths.validate_against([read_run(one), read_run(two)], "strong", TEN_GB_S)
     assert v.n == 2
     assert v.predicted_efficiency == pytest.approx(0.833333)
     assert v.measured_efficiency == pytest.approx(1.0 / 1.252)
@@ -101,9 +100,9 @@ def test_baseline_falls_back_to_num_params(tmp_path, synthetic_run):
     )
     run = read_run(run_dir)
     with pytest.raises(DataError, match="neither 'gradient_bytes' nor 'num_params'"):
-        predict.baseline_inputs(run)
+        maths.baseline_inputs(run)
     run.info["num_params"] = 1000
-    assert predict.baseline_inputs(run) == (
+    assert maths.baseline_inputs(run) == (
         1.0,
         4000,
         "gradient bytes taken as 4 x num_params (float32)",
@@ -113,4 +112,4 @@ def test_baseline_falls_back_to_num_params(tmp_path, synthetic_run):
 def test_validation_needs_single_worker_run(tmp_path, synthetic_run):
     two = synthetic_run(tmp_path / "b", 2, epoch_s=[[6.0, 6.0]], step_s=[1.0] * 4, batch_graphs=4)
     with pytest.raises(DataError, match=r"needs the single-worker \(N=1\) run"):
-        predict.validate_against([read_run(two)], "strong")
+        maths.validate_against([read_run(two)], "strong")
