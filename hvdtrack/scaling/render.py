@@ -123,7 +123,7 @@ def render_markdown(report: ScalingReport) -> str:
         "edge eff., purity, AUC and val loss are the final validation metrics.",
         "",
     ]
-    modes = report.training_modes
+    modes = t["training_mode"].unique()
     for label, rows in cells.groupby(t["training_mode"], sort=False):
         heading = [f"### Training mode: {label}", ""] if len(modes) > 1 else []
         lines += [*heading, *markdown_table(rows[TABLES[mode]]), ""]

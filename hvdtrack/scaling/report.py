@@ -86,10 +86,6 @@ class ScalingReport:
     prediction: Optional[dict[str, Any]]
     validation: list[maths.Validation]
 
-    @property
-    def training_modes(self) -> list[str]:
-        return list(dict.fromkeys(self.table["training_mode"]))
-
 
 def training_mode(run: Run) -> str:
     """The run's mode from run.json: "graphs" or "subgraphs" (``input_mode``), followed by
@@ -101,8 +97,6 @@ def training_mode(run: Run) -> str:
 
 def load_runs(run_dirs: Sequence[str | os.PathLike]) -> list[Run]:
     """Reads every run directory; DataError for missing, malformed or unfinished ones."""
-    if not run_dirs:
-        raise DataError("no run directories given")
     return _finished([read_run(d) for d in run_dirs])
 
 
@@ -113,12 +107,9 @@ def build_report(
     overrides: Optional[dict[str, Any]] = None,
 ) -> ScalingReport:
     """Checks that the runs belong together (see the module docstring) and computes the table.
-
-    ``mode`` ("strong" or "weak") is inferred from the batches when None; ``measured_network``
-    (a ``maths.PRESETS`` name) is the link the runs used, to check the model against them;
-    ``overrides`` replace ``ScalingConfig`` fields. DataError: unfinished runs, two runs of one
-    mode and N, no N=1 run at all; ConfigError: runs of different configs or of the wrong mode.
-    """
+    ``mode`` ("strong", "weak") is inferred from the batches when None; ``measured_network`` (a
+    ``maths.PRESETS`` name) is the link the runs used; ``overrides`` replace ``ScalingConfig``
+    fields. DataError: unfinished runs, two runs of one mode and N, no N=1 run at all."""
     if not runs:
         raise DataError("no runs to report")
     runs = sorted(_finished(runs), key=lambda r: (training_mode(r), r.num_workers))

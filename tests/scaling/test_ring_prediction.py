@@ -107,9 +107,3 @@ def test_baseline_falls_back_to_num_params(tmp_path, synthetic_run):
         4000,
         "gradient bytes taken as 4 x num_params (float32)",
     )
-
-
-def test_validation_needs_single_worker_run(tmp_path, synthetic_run):
-    two = synthetic_run(tmp_path / "b", 2, epoch_s=[[6.0, 6.0]], step_s=[1.0] * 4, batch_graphs=4)
-    with pytest.raises(DataError, match=r"needs the single-worker \(N=1\) run"):
-        maths.validate_against([read_run(two)], "strong")
