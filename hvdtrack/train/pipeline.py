@@ -26,7 +26,7 @@ The stages call the classifier's own parts, ``SegmentClassifier.encode`` (stage 
 checks logits and gradients against the classifier itself.
 
 Public symbols: ``PipelineConfig``, ``PipelinedClassifier``, ``stage_steps``, ``split_batch``,
-``stage_devices``, ``bubble_fraction``.
+``stage_devices``, ``make_stage_devices``, ``bubble_fraction``.
 """
 
 from __future__ import annotations
@@ -147,22 +147,32 @@ def split_batch(
     return out
 
 
+def make_stage_devices(stages: int) -> None:
+    """Makes ``stages`` logical CPU devices when there is no GPU, unless TensorFlow has started.
+
+    Configuration only: it does not start TensorFlow, so it can run before the workers are
+    made (``Trainer``: Horovod's rank heartbeats run ops, which start it). Once TensorFlow runs
+    it leaves the devices as they are.
+    """
+    if tf.config.list_physical_devices("GPU"):
+        return
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(stages)]
+        )
+    except RuntimeError:
+        pass  # TensorFlow already started: share the devices it has
+
+
 def stage_devices(stages: int) -> list[str]:
     """Device names for the stages: GPUs if any, else logical CPU devices.
 
     Logical CPU devices can only be made before TensorFlow starts (they are, by a first call
-    made then: ``stages`` of them). Once TensorFlow runs, the stages share the devices it has
-    (stage s on device s mod count).
+    made then, or by ``make_stage_devices`` before it: ``stages`` of them). Once TensorFlow
+    runs, the stages share the devices it has (stage s on device s mod count).
     """
-    # Listing logical devices starts TensorFlow: configure first, list after.
-    if not tf.config.list_physical_devices("GPU"):
-        try:
-            cpu = tf.config.list_physical_devices("CPU")[0]
-            tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(stages)]
-            )
-        except RuntimeError:
-            pass  # TensorFlow already started: share the devices it has
+    make_stage_devices(stages)  # listing logical devices starts TensorFlow: configure first
     gpus = tf.config.list_logical_devices("GPU")
     if gpus:
         return [gpus[s % len(gpus)].name for s in range(stages)]

@@ -36,7 +36,7 @@ from hvdtrack.records.manifest import MANIFEST_NAME, open_dataset
 from hvdtrack.train import metrics as metrics_lib
 from hvdtrack.train.distribute import Workers, make_workers
 from hvdtrack.train.optimizer import Adam, LossScale, Schedule, scaled_learning_rate
-from hvdtrack.train.pipeline import PipelinedClassifier, stage_devices
+from hvdtrack.train.pipeline import PipelinedClassifier, make_stage_devices, stage_devices
 
 EPS = 1e-12
 # What a rank can ask of all ranks through a step's exchange (a vector of flags, summed).
@@ -72,11 +72,14 @@ class Trainer:
 
     def __init__(self, config: Config, workers: Workers | None = None, *, dataset: bool = True):
         self.config = config
-        self.workers = workers or make_workers(config.distributed)
         pc = config.distributed.pipeline
-        # Logical CPU devices for the stages exist only if made before TensorFlow starts (the
-        # next line starts it): here, after the workers set their threads. A process that ran
-        # ops already (a test) shares the devices it has; the results are the same.
+        if pc.stages > 1:
+            # Logical CPU devices for the stages exist only if made before TensorFlow starts:
+            # before the workers, whose Horovod heartbeats start it (configuration only, the
+            # workers still set the threads). A process that ran ops already (a test) shares
+            # the devices it has; the results are the same.
+            make_stage_devices(pc.stages)
+        self.workers = workers or make_workers(config.distributed)
         stage_device_names = stage_devices(pc.stages) if pc.stages > 1 else None
         has_gpu = bool(tf.config.list_logical_devices("GPU"))
         reason = unsupported_reason(config.model.precision, has_gpu, cpu_flags())
