@@ -122,8 +122,7 @@ def _report(args: argparse.Namespace) -> None:
         print(f"{path.read_text()}\nwritten: {path} and {path.with_suffix('.json')}")
         return
     given = _given(args, "price_per_device_hour", "device_power_watts")
-    runs = report.load_runs(args.run_dirs)
-    result = report.build_report(runs, args.mode, args.measured_network, given)
+    result = report.build_report(args.run_dirs, args.mode, args.measured_network, given)
     out = args.out or Path(args.run_dirs[0]).absolute().parent / f"report-{result.mode}"
     paths = report.write_report(result, out)
     print(f"{paths['md'].read_text()}\nwrote {', '.join(map(str, paths.values()))}")
@@ -133,11 +132,12 @@ def _predict(args: argparse.Namespace) -> None:
     import pandas as pd
 
     from hvdtrack.scaling import maths, report, sweep
+    from hvdtrack.train.timing import read_run
 
     if args.interconnect == "custom" and None in (args.bandwidth_gbps, args.latency_us):
         raise ConfigError("--interconnect custom needs --bandwidth-gbps and --latency-us")
     given = _given(args, "interconnect", "bandwidth_gbps", "latency_us")
-    runs = report.load_runs(args.run_dirs)
+    runs = [read_run(d) for d in args.run_dirs]
     built = report.build_report(runs, args.mode, args.measured_network, given)
     # The N=1 run the report predicts from (build_report found one).
     baseline = min((r for r in runs if r.num_workers == 1), key=report.training_mode)

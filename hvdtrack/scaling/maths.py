@@ -80,16 +80,12 @@ def epoch_times(run: Run) -> np.ndarray:
 
 
 def epoch_time(run: Run, warmup_epochs: int = 1) -> float:
-    """The median of ``epoch_times`` after ``warmup_epochs`` (see the module docstring)."""
+    """The median of ``epoch_times`` after ``warmup_epochs`` (all of them when there are no
+    more: the run is too short)."""
     times = epoch_times(run)
     if times.size == 0:
         raise DataError(f"{run.path}: no epoch records in timing.jsonl; did the run finish one?")
     return float(np.median(_after_warmup(times, warmup_epochs)))
-
-
-def epoch_time_includes_warmup(run: Run, warmup_epochs: int = 1) -> bool:
-    """True when ``epoch_time`` had to use warm-up epochs (the run is too short)."""
-    return warmup_epochs > 0 and len({r.epoch for r in run.epochs}) <= warmup_epochs
 
 
 def epoch_work(run: Run, warmup_epochs: int = 1) -> dict[str, float]:

@@ -17,6 +17,17 @@ from hvdtrack.utils.io import atomic_write
 if TYPE_CHECKING:
     from hvdtrack.scaling.report import ScalingReport
 
+DEFINITIONS: dict[str, Any] = {  # of the measures in a sweep's tables (also in scaling.json)
+    "epoch_s": "median over timed epochs of the slowest rank's epoch time",
+    "batch_s": "median over non-warm-up steps of the slowest rank's step time",
+    "speedup": {"strong": "t1/tN on epoch s", "weak": "N * efficiency"},
+    "efficiency": {"strong": "t1/(N tN) on epoch s", "weak": "t1/tN on batch s"},
+    "t1": "the N=1 run of the same training mode",
+    "devices": "N x devices_per_worker x pipeline stages",
+    "cost_per_epoch": "devices x epoch hours x price per device-hour (dollars)",
+    "energy_per_epoch_j": "mean power of the run's devices x epoch s (joules)",
+}
+
 
 def _fixed(digits: int) -> Callable[[Any], str]:
     return lambda v: "n/a" if v is None or not math.isfinite(v) else f"{v:.{digits}f}"
@@ -108,19 +119,18 @@ def render_markdown(report: ScalingReport) -> str:
         if mode == "strong"
         else f"batch {t['batch_graphs'][0]} graphs per worker per step."
     )
+    d = {k: v if isinstance(v, str) else v[mode] for k, v in DEFINITIONS.items()}
     lines = [
         f"# {mode.capitalize()} scaling: {report.config_name}",
         "",
-        f"Runs: N = {', '.join(map(str, sorted(set(t['n']))))} ({s.devices_per_worker} {s.device_kind} per "
-        f"worker); {batch}",
+        f"Runs: N = {', '.join(map(str, sorted(set(t['n']))))} ({s.devices_per_worker} "
+        f"{s.device_kind} per worker); {batch}",
         f"Cost at ${s.price_per_device_hour:g} per {s.device_kind}-hour "
         "(scaling.price_per_device_hour); energy per epoch = mean power x epoch s.",
         "",
-        "Speedup = t1/tN and efficiency = t1/(N tN) on epoch s (median over timed epochs "
-        "of the slowest rank)."
-        if mode == "strong"
-        else "Efficiency = t1/tN on batch s (median non-warm-up step of the slowest rank); "
-        "edge eff., purity, AUC and val loss are the final validation metrics.",
+        f"Speedup = {d['speedup']}, efficiency = {d['efficiency']}; t1: {d['t1']}; epoch s: "
+        f"{d['epoch_s']}; batch s: {d['batch_s']}; val loss, AUC, edge eff. and purity: the "
+        "final validation metrics.",
         "",
     ]
     modes = t["training_mode"].unique()
@@ -236,11 +246,7 @@ def _accounts_lines(summary: dict[str, Any]) -> list[str]:
 
 # ------------------------------------------------------------------------------ plots
 def speedup_efficiency(report: ScalingReport, path: Path) -> None:
-    ns = sorted(set(report.table["n"]))
-    fig, (left, right) = _figure(2)
-    for label, t in _by_mode(report):
-        left.plot(t["n"], t["speedup"], "o-", label=label)
-        right.plot(t["n"], t["efficiency"], "o-", label=label)
+    left, right, ns = _measured(report, "speedup", "efficiency")
     left.plot(ns, ns, "k--", label="ideal (N)")
     left.set_yscale("log", base=2)
     left.set_yticks(ns, [str(n) for n in ns])
@@ -248,26 +254,22 @@ def speedup_efficiency(report: ScalingReport, path: Path) -> None:
     right.axhline(1.0, color="k", linestyle="--", label="ideal")
     right.set_ylim(0, max(1.1, report.table["efficiency"].max() * 1.1))
     right.set_ylabel(f"{report.mode}-scaling efficiency")
-    _finish(fig, report, (left, right), ns, path)
+    _finish(report, (left, right), ns, path)
 
 
 def time_cost(report: ScalingReport, path: Path) -> None:
-    ns = sorted(set(report.table["n"]))
-    fig, (left, right) = _figure(2)
-    for label, t in _by_mode(report):
-        left.plot(t["n"], t["epoch_s"], "o-", label=label)
-        right.plot(t["n"], t["cost_per_epoch"], "o-", label=label)
+    left, right, ns = _measured(report, "epoch_s", "cost_per_epoch")
     first = report.table.iloc[0]
     if report.mode == "strong" and first["n"] == 1:
         left.plot(ns, [first["epoch_s"] / n for n in ns], "k--", label="ideal t1/N")
         right.plot(ns, [first["cost_per_epoch"]] * len(ns), "k--", label="ideal (constant)")
     left.set_ylabel("time per epoch (s)")
     right.set_ylabel(f"cost per epoch ($; ${report.scaling.price_per_device_hour:g}/device-hour)")
-    _finish(fig, report, (left, right), ns, path)
+    _finish(report, (left, right), ns, path)
 
 
 def prediction(report: ScalingReport, path: Path) -> None:
-    fig, (ax,) = _figure(1)
+    (ax,) = _figure(1)
     ns = list(report.table["n"])
     for name, preds in (report.prediction or {}).get("efficiency", {}).items():
         ns += [p["n"] for p in preds]
@@ -282,13 +284,22 @@ def prediction(report: ScalingReport, path: Path) -> None:
     ax.set_ylim(0, 1.1)
     ax.set_ylabel(f"{report.mode}-scaling efficiency")
     ax.set_title("Predicted efficiency (ring allreduce model)")
-    _finish(fig, report, (ax,), sorted(set(ns)), path, fontsize=7)
+    _finish(report, (ax,), sorted(set(ns)), path, fontsize=7)
 
 
 def _by_mode(report: ScalingReport, one: str = "measured"):
     """(label, rows) per training mode; the label is ``one`` when there is a single mode."""
     groups = list(report.table.groupby("training_mode", sort=False))
     return [(one if len(groups) == 1 else f"{one}: {k}", t) for k, t in groups]
+
+
+def _measured(report: ScalingReport, left: str, right: str):
+    """Two panels with columns ``left`` and ``right`` by N, a line per training mode; and N."""
+    axes = _figure(2)
+    for label, t in _by_mode(report):
+        for ax, column in zip(axes, (left, right)):
+            ax.plot(t["n"], t[column], "o-", label=label)
+    return *axes, sorted(set(report.table["n"]))
 
 
 def _figure(ncols: int):
@@ -298,12 +309,13 @@ def _figure(ncols: int):
 
     fig = Figure(figsize=(5.0 * ncols, 4.0), layout="constrained")
     FigureCanvasAgg(fig)
-    return fig, fig.subplots(1, ncols, squeeze=False)[0]
+    return fig.subplots(1, ncols, squeeze=False)[0]
 
 
 def _finish(
-    fig: Any, report: ScalingReport, axes: Sequence[Any], ns: list, path: Path, fontsize=None
+    report: ScalingReport, axes: Sequence[Any], ns: list, path: Path, fontsize=None
 ) -> None:
+    fig = axes[0].figure
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_xticks(ns, [str(n) for n in ns])

@@ -14,7 +14,7 @@ config (run.json ``config``) except ``VARYING_KEYS`` and ``MODE_KEYS``,
 and within a mode the global batch (strong) or the per-worker batch (weak).
 
 Prices and power come from one ``ScalingConfig``: the first baseline's ``scaling`` section with
-the command line's overrides; ``DEFINITIONS`` says how each measure is computed.
+the command line's overrides; ``render.DEFINITIONS`` says how each measure is computed.
 """
 
 from __future__ import annotations
@@ -60,16 +60,6 @@ REPORT_FILES = ("report.md", "scaling.csv", "scaling.json", *(f"{p}.png" for p i
 # Column of the report's table -> key of run.json's final validation metrics.
 METRICS = {"val_loss": "loss", "auc": "auc", "edge_efficiency": "efficiency"}
 METRICS |= {"purity": "purity", "accuracy": "accuracy"}
-DEFINITIONS = {
-    "epoch_s": "median over timed epochs of the slowest rank's epoch time",
-    "batch_s": "median over non-warm-up steps of the slowest rank's step time",
-    "speedup": {"strong": "t1/tN on epoch_s", "weak": "N * efficiency"},
-    "efficiency": {"strong": "t1/(N tN) on epoch_s", "weak": "t1/tN on batch_s"},
-    "t1": "the N=1 run of the same training mode",
-    "devices": "N x devices_per_worker x pipeline stages",
-    "cost_per_epoch": "devices x epoch hours x price per device-hour (dollars)",
-    "energy_per_epoch_j": "mean power of the run's devices x epoch_s (joules)",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,23 +85,19 @@ def training_mode(run: Run) -> str:
     return f"{label}, pipeline {stages}x{micro}" if stages > 1 else label
 
 
-def load_runs(run_dirs: Sequence[str | os.PathLike]) -> list[Run]:
-    """Reads every run directory; DataError for missing, malformed or unfinished ones."""
-    return _finished([read_run(d) for d in run_dirs])
-
-
 def build_report(
-    runs: Sequence[Run],
+    runs: Sequence[Run | str | os.PathLike],
     mode: Optional[str] = None,
     measured_network: str = "shared-memory",
     overrides: Optional[dict[str, Any]] = None,
 ) -> ScalingReport:
-    """Checks that the runs belong together (see the module docstring) and computes the table.
-    ``mode`` ("strong", "weak") is inferred from the batches when None; ``measured_network`` (a
+    """Checks that the runs (or run directories) belong together (see the module docstring)
+    and computes the table. ``mode`` ("strong", "weak") is inferred from the batches when None; ``measured_network`` (a
     ``maths.PRESETS`` name) is the link the runs used; ``overrides`` replace ``ScalingConfig``
     fields. DataError: unfinished runs, two runs of one mode and N, no N=1 run at all."""
     if not runs:
         raise DataError("no runs to report")
+    runs = [r if isinstance(r, Run) else read_run(r) for r in runs]  # run directories read
     runs = sorted(_finished(runs), key=lambda r: (training_mode(r), r.num_workers))
     groups = {k: list(g) for k, g in itertools.groupby(runs, training_mode)}
     mode = _check_comparable(runs, list(groups.values()), mode)
@@ -234,7 +220,7 @@ def _measures(run: Run, scaling: ScalingConfig) -> dict[str, Any]:
     per_s = {f"{k}_per_s": work[k] / epoch_s for k in ("graphs", "edges")}
     return {
         "epoch_s": epoch_s,
-        "epoch_includes_warmup": maths.epoch_time_includes_warmup(run, warmup_epochs),
+        "epoch_includes_warmup": 0 < warmup_epochs >= len({e.epoch for e in run.epochs}),
         **per_s,
         **{f"{k}_per_worker": v / n for k, v in per_s.items()},
         "devices": devices,
@@ -285,14 +271,14 @@ def _pipeline(run: Run) -> tuple[int, int]:
     return int(p.get("stages") or 1), int(p.get("micro_batches") or 1)
 
 
-def _finished(runs: Sequence[Run]) -> list[Run]:
+def _finished(runs: list[Run]) -> list[Run]:
     for run in runs:
         if not run.finished:
             raise DataError(
                 f"run {run.path} is not finished (status '{run.info['status']}'): "
                 "wait for it to end, or leave it out of the report"
             )
-    return list(runs)
+    return runs
 
 
 def _check_comparable(runs: Sequence[Run], groups: list[list[Run]], mode: Optional[str]) -> str:
@@ -383,6 +369,8 @@ def _prediction(
 
 
 def _json(report: ScalingReport) -> dict[str, Any]:
+    from hvdtrack.scaling.render import DEFINITIONS
+
     definitions = {k: v if isinstance(v, str) else v[report.mode] for k, v in DEFINITIONS.items()}
     data = {"mode": report.mode, "config_name": report.config_name}
     data |= {"scaling_config": dataclasses.asdict(report.scaling), "definitions": definitions}

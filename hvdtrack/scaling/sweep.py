@@ -15,6 +15,7 @@ chained with ``--dependency=afterok``: the sweep's runs get the single run's MPI
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import math
 import os
@@ -144,9 +145,7 @@ def parse_worker_counts(text: str) -> tuple[int, ...]:
     """ "1,2,4" -> (1, 2, 4); ConfigError for anything else."""
     values = [int(p) if p.strip().isdigit() else 0 for p in text.split(",") if p.strip()]
     if not values or min(values) < 1:
-        raise ConfigError(
-            f"--np must be comma-separated worker counts >= 1 like 1,2,4, got {text!r}"
-        )
+        raise ConfigError(f"--np must be comma-separated worker counts >= 1 like 1,2,4: {text!r}")
     if len(set(values)) != len(values):
         raise ConfigError(f"--np lists a worker count twice: {text!r}")
     return tuple(sorted(values))
@@ -240,8 +239,8 @@ def run_sweep(
 
     from hvdtrack.scaling import report  # matplotlib only when a report is made
 
-    runs = report.load_runs([plan.run_dir(n) for n in plan.nps])
-    paths = report.write_report(report.build_report(runs, plan.mode), plan.report_dir)
+    built = report.build_report([plan.run_dir(n) for n in plan.nps], plan.mode)
+    paths = report.write_report(built, plan.report_dir)
     print(f"[sweep] report: {paths['md']}", file=out, flush=True)
     return paths
 
@@ -262,7 +261,7 @@ def write_slurm_scripts(
     out = out or sys.stdout
     slurm_dir = plan.out_dir / "slurm"
     paths = {name: slurm_dir / name for name in ("prepare.sbatch", "train.sbatch", "submit_all.sh")}
-    for source in (SLURM_SCRIPTS / "prepare.sbatch", SLURM_SCRIPTS / "train.sbatch"):
+    for source in (SLURM_SCRIPTS / name for name in ("prepare.sbatch", "train.sbatch")):
         if not source.is_file():
             raise ConfigError(
                 f"{source} not found: a SLURM sweep submits the repository's batch scripts; "
@@ -270,8 +269,10 @@ def write_slurm_scripts(
             )
     submit = _submit_all(plan, options, Path(workdir or os.getcwd()).absolute(), skip_prepare)
     if dry_run:
-        print(f"# ---- {paths['submit_all.sh']} (beside copies of {SLURM_SCRIPTS}/*)", file=out)
-        print(submit, file=out)
+        print(
+            f"# ---- {paths['submit_all.sh']} (beside copies of {SLURM_SCRIPTS}/*)\n{submit}",
+            file=out,
+        )
         return paths
     with Staged() as staged:  # all three files or none
         for name, path in paths.items():
@@ -347,10 +348,9 @@ def _config_batch(config: Path) -> Optional[int]:
 
 
 def _finished(run_dir: Path) -> bool:
-    try:
+    with contextlib.suppress(DataError):
         return read_run(run_dir).finished
-    except DataError:
-        return False
+    return False
 
 
 def _run(command: list[str], log: Path, env: dict[str, str], what: str, out: IO[str]) -> None:

@@ -115,7 +115,6 @@ def test_epoch_time_is_median_of_slowest_rank_after_warmup(tmp_path, synthetic_r
     np.testing.assert_allclose(maths.epoch_times(run), [81.0, 55.0, 57.0, 60.0])
     assert maths.epoch_time(run, warmup_epochs=1) == 57.0  # median of 55, 57, 60
     assert maths.epoch_time(run, warmup_epochs=0) == 58.5
-    assert not maths.epoch_time_includes_warmup(run, 1)
     work = maths.epoch_work(run, warmup_epochs=1)
     assert work == {"graphs": 16.0, "edges": 1600.0, "steps": 2.0}  # 2 ranks x 2 steps x 4 graphs
 
@@ -125,7 +124,6 @@ def test_epoch_time_of_a_one_epoch_run_uses_that_epoch(tmp_path, synthetic_run):
         synthetic_run(tmp_path / "r", 1, epoch_s=[[12.0]], step_s=[1.0] * 3, batch_graphs=1)
     )
     assert maths.epoch_time(run, warmup_epochs=1) == 12.0
-    assert maths.epoch_time_includes_warmup(run, 1)
 
 
 def test_an_epoch_resumed_mid_way_is_not_an_epoch_time():

@@ -12,7 +12,9 @@ from hvdtrack.scaling import report
 from hvdtrack.scaling.render import render_markdown
 from hvdtrack.train.timing import read_run
 
-from_dirs = report.load_runs
+
+def from_dirs(run_dirs):
+    return [read_run(d) for d in run_dirs]
 
 
 def test_strong_table_has_hand_computed_numbers(strong_runs, tmp_path):
@@ -160,9 +162,7 @@ def test_unfinished_run(tmp_path, synthetic_run, strong_runs):
         status="running",
     )
     with pytest.raises(DataError, match=r"run .*strong-np8 is not finished \(status 'running'\)"):
-        from_dirs([*strong_runs, running])
-    with pytest.raises(DataError, match=r"is not finished \(status 'running'\)"):
-        report.build_report([read_run(d) for d in [*strong_runs, running]])
+        report.build_report([*strong_runs, running])
 
 
 def test_mixed_configs_name_the_key(tmp_path, synthetic_run, strong_runs, base_config):
