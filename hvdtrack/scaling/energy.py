@@ -83,7 +83,25 @@ class EnergyMeter:
 
     def start(self) -> None:
         """Picks the source and reads the first counter values."""
-        self._counter, self.source, self.detail = self._open()
+        c, self._counter, self.source = self.config, None, "estimate"
+        self.detail = f"{c.device_power_watts:g} W x {self.num_devices} {c.device_kind}"
+        self.detail += " (scaling.device_power_watts)"
+        nvml = c.energy_source == "nvml" or (c.energy_source == "auto" and c.device_kind == "gpu")
+        try:
+            if c.energy_source != "estimate":
+                self._counter = (
+                    _NvmlCounter(self.gpu_indices)
+                    if nvml
+                    else _RaplCounter(self.powercap_root, self.local_size)
+                )
+                self.source, self.detail = self._counter.source, self._counter.detail
+        except _Unavailable as why:
+            if c.energy_source != "auto":
+                raise ConfigError(
+                    f"scaling.energy_source is '{c.energy_source}' but {why}; "
+                    "use 'auto' or 'estimate'"
+                ) from None
+            self.detail += f"; {why}"
         self._joules = 0.0
         self._start_time = self._estimate_since = self._clock()
 
@@ -117,27 +135,6 @@ class EnergyMeter:
             self._counter = None
         watts = joules / seconds if seconds > 0 else 0.0
         return EnergyReading(joules, seconds, self.source, watts, self.detail)
-
-    def _open(self):
-        c = self.config
-        estimate = f"{c.device_power_watts:g} W x {self.num_devices} {c.device_kind}"
-        estimate += " (scaling.device_power_watts)"
-        if c.energy_source == "estimate":
-            return None, "estimate", estimate
-        nvml = c.energy_source == "nvml" or (c.energy_source == "auto" and c.device_kind == "gpu")
-        try:
-            if nvml:
-                counter = _NvmlCounter(self.gpu_indices)
-            else:
-                counter = _RaplCounter(self.powercap_root, self.local_size)
-        except _Unavailable as why:
-            if c.energy_source != "auto":
-                raise ConfigError(
-                    f"scaling.energy_source is '{c.energy_source}' but {why}; "
-                    "use 'auto' or 'estimate'"
-                ) from None
-            return None, "estimate", f"{estimate}; {why}"
-        return counter, counter.source, counter.detail
 
 
 class _Unavailable(Exception):

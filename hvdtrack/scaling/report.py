@@ -38,17 +38,10 @@ from hvdtrack.train.runinfo import flatten_config
 from hvdtrack.train.timing import Run, read_run
 from hvdtrack.utils.io import atomic_write, write_json
 
-VARYING_KEYS = (
-    "train.run_dir",
-    "train.batch_graphs",
-    "train.progress_bar",
-    "train.progress_interval_s",
-    "train.log_every_steps",
-    "train.resume",
-    "train.allow_changed_config",
-    "data.prepare_timeout_s",
-    "scaling",
-)
+# Config keys (dotted keys or whole sections) that may differ between the runs of a report.
+VARYING_KEYS = ("scaling", "data.prepare_timeout_s", "train.run_dir", "train.batch_graphs")
+VARYING_KEYS += ("train.progress_bar", "train.progress_interval_s", "train.log_every_steps")
+VARYING_KEYS += ("train.resume", "train.allow_changed_config")
 MODE_KEYS = ("train.subgraphs", "distributed.pipeline")  # what makes the training mode
 # Scaling mode -> the batch it holds fixed (run.json key, in words).
 FIXED = {
@@ -92,9 +85,10 @@ def build_report(
     overrides: Optional[dict[str, Any]] = None,
 ) -> ScalingReport:
     """Checks that the runs (or run directories) belong together (see the module docstring)
-    and computes the table. ``mode`` ("strong", "weak") is inferred from the batches when None; ``measured_network`` (a
-    ``maths.PRESETS`` name) is the link the runs used; ``overrides`` replace ``ScalingConfig``
-    fields. DataError: unfinished runs, two runs of one mode and N, no N=1 run at all."""
+    and computes the table. ``mode`` ("strong", "weak") is inferred from the batches when None;
+    ``measured_network`` (a ``maths.PRESETS`` name) is the link the runs used; ``overrides``
+    replace ``ScalingConfig`` fields. DataError: unfinished runs, two runs of one mode and N, no
+    N=1 run at all."""
     if not runs:
         raise DataError("no runs to report")
     runs = [r if isinstance(r, Run) else read_run(r) for r in runs]  # run directories read
