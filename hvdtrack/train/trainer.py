@@ -2,7 +2,8 @@
 
 One optimizer step is three compiled functions, so the host can time each part on its own:
 
-    local (forward + backward of every pass, graphs -> gradient sums)
+    local (forward + backward of every pass, graphs -> gradient sums; with
+       ``distributed.pipeline`` stages, through ``train.pipeline.PipelinedClassifier``)
     -> exchange (gradients and loss sums summed over all replicas: one collective, two with
        fp16 compression or Adasum)
     -> apply (Adam update with clipping).

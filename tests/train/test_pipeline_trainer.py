@@ -105,12 +105,27 @@ def test_a_resume_may_change_the_pipeline_but_not_the_model(tmp_path):
 
 
 @pytest.mark.slow  # two Trainers on the tiny dataset, one trace of the pipelined step
-def test_a_pipelined_trainer_step_equals_the_plain_one(tiny_config):
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        (),
+        # subgraph mini-batches (loss mask in the labels), gradients accumulated over 2 passes
+        (
+            "train.subgraphs.enabled=true",
+            "train.subgraphs.seed_edges=64",
+            "distributed.backward_passes_per_step=2",
+        ),
+    ],
+    ids=["graphs", "subgraphs-2-passes"],
+)
+def test_a_pipelined_trainer_step_equals_the_plain_one(tiny_config, overrides):
     from hvdtrack.train.trainer import Trainer
 
-    plain = Trainer(tiny_config())
+    plain = Trainer(tiny_config(*overrides))
     piped = Trainer(
-        tiny_config("distributed.pipeline.stages=2", "distributed.pipeline.micro_batches=2")
+        tiny_config(
+            *overrides, "distributed.pipeline.stages=2", "distributed.pipeline.micro_batches=2"
+        )
     )
     assert plain.pipeline is None and len(piped.pipeline.devices) == 2
     assert [len(s) for s in piped.pipeline.steps] == [1, 1]
