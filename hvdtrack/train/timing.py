@@ -27,6 +27,7 @@ Public symbols: ``StepRecord``, ``EpochRecord``, ``EPOCH_PARTS``, ``Run``, ``col
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -94,18 +95,7 @@ class StepRecord:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepRecord:
         """Builds a record from a mapping (e.g. a parsed JSON line); ValueError names the field."""
-        return cls(
-            epoch=read_int(data, "epoch"),
-            step=read_int(data, "step"),
-            rank=read_int(data, "rank"),
-            data_s=read_seconds(data, "data_s"),
-            compute_s=read_seconds(data, "compute_s"),
-            exchange_s=read_seconds(data, "exchange_s"),
-            total_s=read_seconds(data, "total_s"),
-            graphs=read_int(data, "graphs"),
-            edges=read_int(data, "edges"),
-            warmup=read_bool(data, "warmup"),
-        )
+        return _read_record(cls, data)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,23 +154,28 @@ class EpochRecord:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> EpochRecord:
         """Builds a record from a mapping (e.g. a parsed JSON line); ValueError names the field."""
-        return cls(
-            epoch=read_int(data, "epoch"),
-            rank=read_int(data, "rank"),
-            time_s=read_seconds(data, "time_s"),
-            wall_s=read_seconds(data, "wall_s"),
-            steps=read_int(data, "steps"),
-            graphs=read_int(data, "graphs"),
-            edges=read_int(data, "edges"),
-            train_loss=read_number(data, "train_loss"),
-            val=read_metrics(data, "val", optional=True),
-            **{part: read_seconds(data, part) for part in EPOCH_PARTS},
-            **{
-                key: read_int(data, key, optional=True)
-                for key in ("workers", "peak_rss_bytes", "peak_gpu_bytes")
-                if key in data
-            },
-        )
+        return _read_record(cls, data)
+
+
+# A record field's annotation -> its reader (float fields: read_seconds for *_s, >= 0).
+_READERS = {
+    "int": read_int,
+    "bool": read_bool,
+    "Optional[int]": functools.partial(read_int, optional=True),
+    "Optional[dict[str, float]]": functools.partial(read_metrics, optional=True),
+}
+
+
+def _read_record(cls: type, data: Mapping[str, Any]) -> Any:
+    """``cls`` (a record) from ``data``, each field read by its annotation; a field with a
+    default may be absent."""
+    values = {}
+    for field in dataclasses.fields(cls):
+        if field.default is dataclasses.MISSING or field.name in data:
+            number = read_seconds if field.name.endswith("_s") else read_number
+            reader = number if field.type == "float" else _READERS[field.type]
+            values[field.name] = reader(data, field.name)
+    return cls(**values)
 
 
 def collective_waits(steps: Sequence[StepRecord]) -> dict[tuple[int, int], float]:
