@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     runs = argparse.ArgumentParser(add_help=False)  # what report and predict share
-    runs.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="runs of one sweep, N=1 too")
+    runs.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="runs of one config, N=1 too")
     runs.add_argument("--mode", choices=("strong", "weak"), help="default: from the batches")
     runs.add_argument("--measured-network", default="shared-memory", choices=NETWORKS)
 
