@@ -73,10 +73,9 @@ TABLES = {
     "strong": ["N", "epoch s", "speedup", "efficiency", "cost/epoch", "energy/epoch"],
     "weak": ["N", "efficiency", "edge eff.", "purity", "AUC", "val loss", "epoch s", "batch s"],
     "detail": [*DETAIL, "exchange s", "graphs/s", "graphs/s/worker", "cost/epoch", "energy/epoch"],
-    "physics": ["N", "val loss", "AUC", "edge eff.", "purity", "accuracy"],
     "run": ["epoch s", "graphs/s", "edges/s", "edges/s/worker", "cost/epoch", "energy/epoch"],
-    "modes": ["mode", "N", "epoch s", "edges/s", "cost/epoch", "energy/epoch", "val loss", "AUC"]
-    + ["edge eff.", "purity"],
+    "runs": ["N", "epoch s", "edges/s", "cost/epoch", "energy/epoch", "val loss", "AUC"]
+    + ["edge eff.", "purity", "accuracy"],
 }
 # The per-epoch accounting of one run: column title -> key of timing.epoch_accounts' rows.
 ACCOUNT_COLUMNS = {"wall": "wall_s", "train": "time_s"}
@@ -137,14 +136,10 @@ def render_markdown(report: ScalingReport) -> str:
     for label, rows in cells.groupby(t["training_mode"], sort=False):
         heading = [f"### Training mode: {label}", ""] if len(modes) > 1 else []
         lines += [*heading, *markdown_table(rows[TABLES[mode]]), ""]
-    detail = TABLES["detail"] if len(modes) == 1 else ["mode", *TABLES["detail"]]
-    lines += ["## Steps and throughput", "", *markdown_table(cells[detail])]
-    if len(modes) > 1:
-        lines += ["", "## Training modes compared (final validation metrics)", ""]
-        lines += markdown_table(cells[TABLES["modes"]])
-    elif mode == "strong":
-        lines += ["", "## Physics of each run (final validation)", ""]
-        lines += markdown_table(cells[TABLES["physics"]])
+    # With several modes a mode column, and the last table compares them per (mode, N).
+    detail, runs = ([*(["mode"] if len(modes) > 1 else []), *TABLES[k]] for k in ("detail", "runs"))
+    lines += ["## Steps and throughput", "", *markdown_table(cells[detail]), ""]
+    lines += ["## Each run: time, cost and final validation", "", *markdown_table(cells[runs])]
     lines += ["", "## Beyond this machine: predicted efficiency (ring allreduce model)", ""]
     p = report.prediction
     if p is None:

@@ -43,7 +43,10 @@ def test_step_detail_and_physics_tables(strong_runs):
     assert (
         "| 2 | 4 | 8 | 0.5510 | 0.0000 | 0.5510 | 0.5510 | 0.0100 | 0.0000 | 0.291 | 0.145 |" in md
     )
-    assert "| 1 | 0.0412 | 0.991 | 0.958 | 0.957 | n/a |" in md
+    assert (
+        "| 1 | 100.00 | 16.0 | $0.0833 | 1.00 kJ (estimate) | 0.0412 | 0.991 | 0.958 | 0.957 | n/a |"
+        in md
+    )
 
 
 def test_every_file_is_written(strong_runs, tmp_path):
@@ -251,7 +254,7 @@ def test_nan_metrics_are_na_in_markdown_and_null_in_json(tmp_path, synthetic_run
         tmp_path / "a", 1, epoch_s=[[10.0]], step_s=[1.0] * 4, batch_graphs=2, metrics=metrics
     )
     built = report.build_report(from_dirs([run]))
-    assert "| 1 | 0.3000 | 0.500 | 0.000 | n/a | n/a |" in render_markdown(built)
+    assert "| 0.3000 | 0.500 | 0.000 | n/a | n/a |" in render_markdown(built)
     data = report._json(built)
     assert data["rows"][0]["purity"] is None and data["rows"][0]["edge_efficiency"] == 0.0
     json.dumps(data, allow_nan=False)  # strict JSON
