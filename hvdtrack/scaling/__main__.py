@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional, Sequence, get_args
 
 from hvdtrack.entry import QUIET, run
-from hvdtrack.errors import ConfigError
+from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.scaling.config import Interconnect, ScalingConfig
 
 EPILOG = """examples:
@@ -132,20 +132,19 @@ def _predict(args: argparse.Namespace) -> None:
     import pandas as pd
 
     from hvdtrack.scaling import maths, report, sweep
-    from hvdtrack.train.timing import read_run
 
     if args.interconnect == "custom" and None in (args.bandwidth_gbps, args.latency_us):
         raise ConfigError("--interconnect custom needs --bandwidth-gbps and --latency-us")
     given = _given(args, "interconnect", "bandwidth_gbps", "latency_us")
-    runs = [read_run(d) for d in args.run_dirs]
-    built = report.build_report(runs, args.mode, args.measured_network, given)
-    # The N=1 run the report predicts from (build_report found one).
-    baseline = min((r for r in runs if r.num_workers == 1), key=report.training_mode)
-    compute_s, gradient_bytes, note = maths.baseline_inputs(baseline)
+    built = report.build_report(args.run_dirs, args.mode, args.measured_network, given)
+    if built.prediction is None:  # a note says why
+        raise DataError(next(n for n in built.notes if n.startswith("no prediction")))
+    compute_s, gradient_bytes = map(built.prediction.get, ("step_compute_s", "gradient_bytes"))
     network = maths.network_from_config(built.scaling)
+    note = "".join(f" ({n})" for n in built.notes if "num_params" in n)
     print(
         f"{built.mode} scaling of {built.config_name}: single-worker step {compute_s * 1e3:.2f} ms "
-        f"without exchange, {gradient_bytes:,} gradient bytes" + (f" ({note})" if note else "")
+        f"without exchange, {gradient_bytes:,} gradient bytes{note}"
     )
     print(f"network {network.name}: {network.bandwidth_gbps:g} Gb/s, {network.latency_us:g} us")
     ns = sweep.parse_worker_counts(args.ns)

@@ -225,8 +225,7 @@ def _accounts_lines(summary: dict[str, Any]) -> list[str]:
     )
     accounts = pd.DataFrame(summary["accounts"])
     table = pd.DataFrame({"epoch": accounts["epoch"] + 1, "rank": accounts["rank"]})
-    for title, key in ACCOUNT_COLUMNS.items():
-        table[title] = accounts[key].map("{:.2f}".format)
+    table[list(ACCOUNT_COLUMNS)] = accounts[list(ACCOUNT_COLUMNS.values())].map("{:.2f}".format)
     over = accounts["flagged"].map({True: " over", False: ""})
     table["rest %"] = accounts["rest_fraction"].map("{:.1%}".format) + over
     return [
