@@ -30,6 +30,7 @@ import yaml
 
 from hvdtrack import configtools
 from hvdtrack.errors import ConfigError, DataError, TrainingError
+from hvdtrack.scaling import report
 from hvdtrack.train.timing import read_run
 from hvdtrack.utils.io import Staged
 
@@ -165,9 +166,8 @@ def plan_sweep(
 ) -> SweepPlan:
     """Works out a sweep: ``global_batch`` (strong) or ``batch`` (weak, per worker), default
     the config's ``train.batch_graphs``. ConfigError for a bad mode, a global batch some N does
-    not divide, an override of a key the sweep sets, a missing config."""
-    if mode not in BATCH_OPTIONS:
-        raise ConfigError(f"--mode must be strong or weak, got {mode!r}")
+    not divide, an override of a key the sweep sets, a missing config; ``mode`` is "strong" or
+    "weak" (the command line's choices)."""
     nps, config = tuple(sorted(nps)), Path(config).absolute()
     for text in overrides:
         key = ".".join(configtools.parse_override(text)[0])
@@ -236,9 +236,6 @@ def run_sweep(
                 f"training run N={n} exited cleanly but {run_dir} holds no finished run "
                 f"(run.json status is not 'finished'); see {log}"
             )
-
-    from hvdtrack.scaling import report  # matplotlib only when a report is made
-
     built = report.build_report([plan.run_dir(n) for n in plan.nps], plan.mode)
     paths = report.write_report(built, plan.report_dir)
     print(f"[sweep] report: {paths['md']}", file=out, flush=True)

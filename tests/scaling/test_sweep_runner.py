@@ -78,7 +78,6 @@ def test_horovodrun_beside_the_interpreter_is_preferred(config, tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"mode": "diagonal"}, "--mode must be strong or weak"),
         ({"overrides": ["train.batch_graphs=2"]}, "the sweep sets train.batch_graphs itself"),
         ({"overrides": ["epochs"]}, "is not of the form section.key=value"),
         ({"batch": 2}, "--batch is for weak scaling"),
@@ -86,10 +85,8 @@ def test_horovodrun_beside_the_interpreter_is_preferred(config, tmp_path):
     ],
 )
 def test_bad_sweep_arguments(config, tmp_path, kwargs, message):
-    args = {"mode": "strong", **kwargs}
-    mode = args.pop("mode")
     with pytest.raises(ConfigError, match=message):
-        sweep.plan_sweep(mode, (1, 2), config, tmp_path, **args)
+        sweep.plan_sweep("strong", (1, 2), config, tmp_path, **kwargs)
 
 
 def test_missing_config_and_missing_batch(tmp_path):
