@@ -85,8 +85,9 @@ def test_horovodrun_beside_the_interpreter_is_preferred(config, tmp_path):
     ],
 )
 def test_bad_sweep_arguments(config, tmp_path, kwargs, message):
+    args = {"mode": "strong", **kwargs}
     with pytest.raises(ConfigError, match=message):
-        sweep.plan_sweep("strong", (1, 2), config, tmp_path, **kwargs)
+        sweep.plan_sweep(args.pop("mode"), (1, 2), config, tmp_path, **args)
 
 
 def test_missing_config_and_missing_batch(tmp_path):
