@@ -31,7 +31,7 @@ import pandas as pd
 
 from hvdtrack import configtools
 from hvdtrack.errors import ConfigError, DataError
-from hvdtrack.scaling import maths
+from hvdtrack.scaling import maths, render
 from hvdtrack.scaling.config import ScalingConfig
 from hvdtrack.train import timing
 from hvdtrack.train.runinfo import flatten_config
@@ -135,8 +135,6 @@ def build_report(
 def write_report(report: ScalingReport, out_dir: str | os.PathLike) -> dict[str, Path]:
     """Writes ``REPORT_FILES`` into ``out_dir``; returns kind ("md", "csv", "json" or a plot's
     name) -> path."""
-    from hvdtrack.scaling import render  # matplotlib only when plots are drawn
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = dict(zip(("md", "csv", "json", *PLOTS), (out / name for name in REPORT_FILES)))
@@ -153,8 +151,6 @@ def write_report(report: ScalingReport, out_dir: str | os.PathLike) -> dict[str,
 def write_summary(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
     """Writes ``summary.md`` and ``summary.json`` of ``run_dir`` into ``out`` (default
     ``run_dir/report``); returns the .md path."""
-    from hvdtrack.scaling.render import render_summary
-
     run = read_run(run_dir)
     info, scaling = run.info, _scaling_of(run, [])
     accounts = timing.epoch_accounts(run)
@@ -191,7 +187,7 @@ def write_summary(run_dir: str | os.PathLike, out: str | os.PathLike | None = No
     out = Path(out) if out is not None else Path(run_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
     with atomic_write(out / "summary.md") as f:
-        f.write(render_summary(summary))
+        f.write(render.render_summary(summary))
     write_json(out / "summary.json", _finite_or_null(summary))
     return out / "summary.md"
 
@@ -363,9 +359,9 @@ def _prediction(
 
 
 def _json(report: ScalingReport) -> dict[str, Any]:
-    from hvdtrack.scaling.render import DEFINITIONS
-
-    definitions = {k: v if isinstance(v, str) else v[report.mode] for k, v in DEFINITIONS.items()}
+    definitions = {
+        k: v if isinstance(v, str) else v[report.mode] for k, v in render.DEFINITIONS.items()
+    }
     data = {"mode": report.mode, "config_name": report.config_name}
     data |= {"scaling_config": dataclasses.asdict(report.scaling), "definitions": definitions}
     data |= {"rows": report.table.to_dict("records"), "prediction": report.prediction}
