@@ -200,7 +200,9 @@ def _measures(run: Run, scaling: ScalingConfig) -> dict[str, Any]:
     if epoch_s <= 0:
         raise DataError(f"{run.path}: epoch time is 0 s in timing.jsonl; the timing is broken")
     work = maths.epoch_work(run, warmup_epochs)
-    devices = n * scaling.devices_per_worker * _pipeline(run)[0]
+    # A pipeline's stages each take a GPU; on CPU they share the worker's cores.
+    stages = _pipeline(run)[0] if scaling.device_kind == "gpu" else 1
+    devices = n * scaling.devices_per_worker * stages
     estimate = {"watts": scaling.device_power_watts * devices, "source": "estimate"}
     energy = run.info.get("energy") or estimate
     # joules is the run's total over all processes; watts may be one process's mean.

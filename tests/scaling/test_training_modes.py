@@ -76,6 +76,14 @@ def test_each_mode_against_its_own_baseline_and_one_comparison(mode_runs):
     assert "| subgraphs | 2 | 25.00 | 64.0 | $0.0417 | 500 J (estimate) | 0.0500 | 0.980 " in md
 
 
+def test_on_cpu_cores_a_pipelines_stages_share_the_workers_devices(mode_runs):
+    # The stages are logical devices on the worker's cores: 2 workers x 1 core, not x 2 stages.
+    built = report.build_report(mode_runs, overrides={"device_kind": "cpu-core"})
+    md = render_markdown(built)
+    # 2 x 50/3600 x $3 = $0.0833, 10 W x 2 x 50 s = 1.00 kJ
+    assert "| 2 | 50.00 | n/a | n/a | $0.0833 | 1.00 kJ (estimate) |" in md
+
+
 def test_mode_columns_in_the_files(mode_runs, tmp_path):
     paths = report.write_report(report.build_report(mode_runs), tmp_path / "o")
     rows = list(csv.DictReader(paths["csv"].open()))
