@@ -126,9 +126,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sums = {name: maths.epoch_step_time(run) for name, run in runs.items()}
     figures["epoch_step_sum_s"] = sums
     for strategy, one, two in (("horovod", "np1", "np2"), ("mirrored", "mirrored1", "mirrored2")):
-        on_epochs = maths.strong_efficiency(epoch[one], epoch[two], 2)
-        on_sums = maths.strong_efficiency(sums[one], sums[two], 2)
-        on_medians = maths.strong_efficiency(step[one], step[two], 2)
+        on_epochs = maths.efficiency("strong", epoch[one], epoch[two], 2)
+        on_sums = maths.efficiency("strong", sums[one], sums[two], 2)
+        on_medians = maths.efficiency("strong", step[one], step[two], 2)
         figures[f"{strategy}_strong_efficiency_epoch"] = on_epochs
         figures[f"{strategy}_strong_efficiency_step_sum"] = on_sums
         figures[f"{strategy}_strong_efficiency_median_step"] = on_medians

@@ -158,7 +158,10 @@ class _RaplCounter:
             self.max_range = [int((z / "max_energy_range_uj").read_text()) for z in self.zones]
         except (OSError, ValueError) as err:
             raise _Unavailable(f"a RAPL energy_uj in {root} is not readable ({err})") from None
-        names = [_zone_name(zone) for zone in self.zones]
+        names = [
+            (z / "name").read_text().strip() if (z / "name").is_file() else z.name
+            for z in self.zones
+        ]
         share = f", 1/{local_size} share per process" if local_size > 1 else ""
         zones = ", ".join(z.name for z in self.zones)
         self.detail = f"RAPL {', '.join(names)} ({zones}{share})"
@@ -173,13 +176,6 @@ class _RaplCounter:
 
     def close(self) -> None:
         pass
-
-
-def _zone_name(zone: Path) -> str:
-    try:
-        return (zone / "name").read_text().strip()
-    except OSError:
-        return zone.name
 
 
 class _NvmlCounter:

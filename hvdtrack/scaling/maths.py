@@ -80,8 +80,7 @@ def epoch_times(run: Run) -> np.ndarray:
 
 
 def epoch_time(run: Run, warmup_epochs: int = 1) -> float:
-    """The median of ``epoch_times`` after ``warmup_epochs`` (all of them when there are no
-    more: the run is too short)."""
+    """The median of ``epoch_times`` after ``warmup_epochs`` (all of them in a shorter run)."""
     times = epoch_times(run)
     if times.size == 0:
         raise DataError(f"{run.path}: no epoch records in timing.jsonl; did the run finish one?")
@@ -90,29 +89,18 @@ def epoch_time(run: Run, warmup_epochs: int = 1) -> float:
 
 def epoch_work(run: Run, warmup_epochs: int = 1) -> dict[str, float]:
     """``{"graphs", "edges", "steps"}`` of one epoch (median over the timed epochs), graphs and
-    edges summed over ranks, steps per rank."""
-    if not run.epochs:
-        raise DataError(f"{run.path}: no epoch records in timing.jsonl; did the run finish one?")
+    edges summed over ranks, steps per rank (``epoch_time`` refuses a run without epochs)."""
     work = {"graphs": "sum", "edges": "sum", "steps": "max"}
     per_epoch = _frame(run.epochs, EpochRecord).groupby("epoch").agg(work).astype(np.float64)
     return {k: float(v) for k, v in _after_warmup(per_epoch, warmup_epochs).median().items()}
 
 
-def speedup(t1: float, tn: float) -> float:
-    """t1 / tN."""
-    _positive(t1=t1, tn=tn)
-    return t1 / tn
-
-
-def strong_efficiency(t1: float, tn: float, n: int) -> float:
-    """t1 / (N tN): 1 when N workers are N times faster."""
-    _positive(n=n)
-    return speedup(t1, tn) / n
-
-
 def efficiency(mode: str, t1: float, tn: float, n: int) -> float:
-    """Strong-scaling efficiency, or for ``mode == "weak"`` t1 / tN."""
-    return strong_efficiency(t1, tn, n) if mode == "strong" else speedup(t1, tn)
+    """Strong scaling: t1 / (N tN), 1 when N workers are N times faster; weak: t1 / tN."""
+    for name, value in (("t1", t1), ("tN", tn), ("N", n)):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+    return t1 / tn / (n if mode == "strong" else 1)
 
 
 DEFAULT_NS = (8, 16, 32, 64, 128, 256, 512, 1024)
@@ -188,11 +176,7 @@ def ring_allreduce_time(num_bytes: float, n: int, network: NetworkModel) -> floa
 
 
 def predict_scaling(
-    step_compute_s: float,
-    gradient_bytes: float,
-    network: NetworkModel,
-    mode: str,
-    ns: Sequence[int] = DEFAULT_NS,
+    step_compute_s: float, gradient_bytes: float, network: NetworkModel, mode: str, ns=DEFAULT_NS
 ) -> list[Prediction]:
     """One ``Prediction`` per N in ``ns`` for ``mode`` "strong" or "weak"."""
     out = []
@@ -276,9 +260,3 @@ def _whole_epochs(run: Run) -> pd.DataFrame:
 def _after_warmup(values, warmup_epochs: int):
     """``values`` without the first ``warmup_epochs`` entries, unless that leaves none."""
     return values[warmup_epochs:] if len(values) > warmup_epochs else values
-
-
-def _positive(**values: float) -> None:
-    for name, value in values.items():
-        if not value > 0:
-            raise ValueError(f"{name} must be > 0, got {value}")

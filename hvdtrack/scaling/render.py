@@ -306,9 +306,7 @@ def _figure(ncols: int):
     return fig.subplots(1, ncols, squeeze=False)[0]
 
 
-def _finish(
-    report: ScalingReport, axes: Sequence[Any], ns: list, path: Path, fontsize=None
-) -> None:
+def _finish(report: ScalingReport, axes: Sequence[Any], ns: list, path: Path, fontsize=None):
     fig = axes[0].figure
     for ax in axes:
         ax.set_xscale("log", base=2)

@@ -92,7 +92,12 @@ def build_report(
     if not runs:
         raise DataError("no runs to report")
     runs = [r if isinstance(r, Run) else read_run(r) for r in runs]  # run directories read
-    runs = sorted(_finished(runs), key=lambda r: (training_mode(r), r.num_workers))
+    for run in (r for r in runs if not r.finished):
+        raise DataError(
+            f"run {run.path} is not finished (status '{run.info['status']}'): "
+            "wait for it to end, or leave it out of the report"
+        )
+    runs = sorted(runs, key=lambda r: (training_mode(r), r.num_workers))
     groups = {k: list(g) for k, g in itertools.groupby(runs, training_mode)}
     mode = _check_comparable(runs, list(groups.values()), mode)
     baselines = {k: g[0] for k, g in groups.items() if g[0].num_workers == 1}
@@ -133,8 +138,7 @@ def build_report(
 
 
 def write_report(report: ScalingReport, out_dir: str | os.PathLike) -> dict[str, Path]:
-    """Writes ``REPORT_FILES`` into ``out_dir``; returns kind ("md", "csv", "json" or a plot's
-    name) -> path."""
+    """Writes ``REPORT_FILES`` into ``out_dir``; returns {"md", "csv", "json", plot name: path}."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = dict(zip(("md", "csv", "json", *PLOTS), (out / name for name in REPORT_FILES)))
@@ -233,7 +237,7 @@ def _row(
     if t1:  # strong: on epoch times; weak: on step times, and the speedup is the scaled one
         t1, tn = (t1[0], measures["epoch_s"]) if mode == "strong" else (t1[1], batch["median"])
         efficiency = maths.efficiency(mode, t1, tn, n)
-        speedup = maths.speedup(t1, tn) if mode == "strong" else n * efficiency
+        speedup = t1 / tn if mode == "strong" else n * efficiency
     metrics = run.info.get("metrics") or {}
     return {
         "training_mode": training_mode(run),
@@ -261,16 +265,6 @@ def _pipeline(run: Run) -> tuple[int, int]:
     """(stages, micro-batches) of run.json's ``pipeline``; (1, 1) without one."""
     p = run.info.get("pipeline") or {}
     return int(p.get("stages") or 1), int(p.get("micro_batches") or 1)
-
-
-def _finished(runs: list[Run]) -> list[Run]:
-    for run in runs:
-        if not run.finished:
-            raise DataError(
-                f"run {run.path} is not finished (status '{run.info['status']}'): "
-                "wait for it to end, or leave it out of the report"
-            )
-    return runs
 
 
 def _check_comparable(runs: Sequence[Run], groups: list[list[Run]], mode: Optional[str]) -> str:

@@ -26,8 +26,6 @@ import sys
 from pathlib import Path
 from typing import IO, Optional, Sequence
 
-import yaml
-
 from hvdtrack import configtools
 from hvdtrack.errors import ConfigError, DataError, TrainingError
 from hvdtrack.scaling import report
@@ -36,11 +34,8 @@ from hvdtrack.utils.io import Staged
 
 # Keys the sweep sets itself for every run; an override of them would break the comparison.
 SWEEP_KEYS = ("distributed.strategy", "train.batch_graphs", "train.run_dir")
-# mode -> (its batch option, what it fixes): strong splits a fixed global batch over N workers.
-BATCH_OPTIONS = {
-    "strong": ("--global-batch", "global batch"),
-    "weak": ("--batch", "batch per worker"),
-}
+# mode -> its batch option: strong splits a fixed global batch over N workers, weak fixes B.
+BATCH_OPTIONS = {"strong": "--global-batch", "weak": "--batch"}
 # The repository's batch scripts, which a SLURM sweep copies and submits.
 SLURM_SCRIPTS = Path(__file__).resolve().parents[2] / "run_scripts" / "slurm"
 _RANK_LINE = re.compile(r"^\[\d+(,\d+)?\]<std(err|out)>:")
@@ -165,9 +160,9 @@ def plan_sweep(
     python: str = sys.executable,
 ) -> SweepPlan:
     """Works out a sweep: ``global_batch`` (strong) or ``batch`` (weak, per worker), default
-    the config's ``train.batch_graphs``. ConfigError for a bad mode, a global batch some N does
-    not divide, an override of a key the sweep sets, a missing config; ``mode`` is "strong" or
-    "weak" (the command line's choices)."""
+    the config's ``train.batch_graphs``. ConfigError for a global batch some N does not divide,
+    an override of a key the sweep sets, a config (with the overrides) ``load_config`` refuses;
+    ``mode`` is "strong" or "weak" (the command line's choices)."""
     nps, config = tuple(sorted(nps)), Path(config).absolute()
     for text in overrides:
         key = ".".join(configtools.parse_override(text)[0])
@@ -176,17 +171,12 @@ def plan_sweep(
                 f"override '{text}': the sweep sets {key} itself "
                 "(use --global-batch / --batch for the batch and --out for the run directories)"
             )
-    (option, what), other_mode = BATCH_OPTIONS[mode], "weak" if mode == "strong" else "strong"
+    other_mode = "weak" if mode == "strong" else "strong"
     given, other = (global_batch, batch) if mode == "strong" else (batch, global_batch)
     if other is not None:
-        other_option = BATCH_OPTIONS[other_mode][0]
+        option, other_option = BATCH_OPTIONS[mode], BATCH_OPTIONS[other_mode]
         raise ConfigError(f"{other_option} is for {other_mode} scaling; {mode} takes {option}")
-    value = given or _config_batch(config)
-    if value is None or value < 1:
-        raise ConfigError(
-            f"{mode} scaling needs the {what}: pass {option} (the config {config} "
-            "sets no train.batch_graphs)"
-        )
+    value = given or _config_batch(config, overrides)
     bad = [n for n in nps if mode == "strong" and value % n]
     if bad:
         raise ConfigError(
@@ -330,18 +320,10 @@ def _submit_all(plan: SweepPlan, options: SlurmOptions, workdir: Path, skip_prep
     return "\n".join(lines)
 
 
-def _config_batch(config: Path) -> Optional[int]:
-    if not config.is_file():
-        raise ConfigError(f"config file {config} not found")
-    try:
-        data = yaml.safe_load(config.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{config}: not valid YAML ({err})") from None
-    train = data.get("train") if isinstance(data, dict) else None
-    value = train.get("batch_graphs") if isinstance(train, dict) else None
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ConfigError(f"{config}: 'train.batch_graphs' must be an integer, got {value!r}")
-    return value
+def _config_batch(config: Path, overrides: Sequence[str]) -> int:
+    from hvdtrack.config import load_config  # checks the config and overrides before any run
+
+    return load_config(config, list(overrides)).train.batch_graphs
 
 
 def _finished(run_dir: Path) -> bool:

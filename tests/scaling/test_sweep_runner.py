@@ -13,6 +13,7 @@ import pytest
 
 from hvdtrack.errors import ConfigError, TrainingError
 from hvdtrack.scaling import sweep
+from hvdtrack.train.config import TrainConfig
 
 
 @pytest.fixture
@@ -90,15 +91,15 @@ def test_bad_sweep_arguments(config, tmp_path, kwargs, message):
         sweep.plan_sweep(args.pop("mode"), (1, 2), config, tmp_path, **args)
 
 
-def test_missing_config_and_missing_batch(tmp_path):
-    with pytest.raises(ConfigError, match=r"config file .*nope.yaml not found"):
+def test_the_config_and_overrides_are_checked_and_give_the_default_batch(tmp_path):
+    with pytest.raises(ConfigError, match=r"cannot read config file .*nope.yaml"):
         sweep.plan_sweep("strong", (1,), tmp_path / "nope.yaml", tmp_path)
     bare = tmp_path / "bare.yaml"
-    bare.write_text("model:\n  hidden: 8\n")
-    with pytest.raises(
-        ConfigError, match="strong scaling needs the global batch: pass --global-batch"
-    ):
-        sweep.plan_sweep("strong", (1,), bare, tmp_path)
+    bare.write_text("model:\n  num_message_passing_steps: 2\n")
+    with pytest.raises(ConfigError, match="train.epoch"):  # a typo, before any run starts
+        sweep.plan_sweep("strong", (1,), bare, tmp_path, overrides=["train.epoch=2"])
+    plan = sweep.plan_sweep("weak", (1, 2), bare, tmp_path)
+    assert plan.batches == {n: TrainConfig().batch_graphs for n in (1, 2)}
 
 
 def test_dry_run_prints_every_command_and_runs_nothing(config, tmp_path):
