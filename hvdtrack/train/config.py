@@ -159,8 +159,9 @@ class DistributedConfig:
     tracing with 8 ranks on 2 cores (25 s); a checkpoint write of these models takes
     milliseconds. null waits for ever.
 
-    ``pin_cores``: on CPU, each Horovod rank binds itself to its own slice of the cores this
-    host's ranks may use (local rank r of n gets cores [r*k, (r+1)*k), k = cores // n) and runs
+    ``pin_cores``: on CPU, each Horovod rank (or MultiWorker worker: its index among the
+    cluster's workers on its host) binds itself to its own slice of the cores this host's ranks
+    may use (local rank r of n gets cores [r*k, (r+1)*k), k = cores // n) and runs
     ``threads_per_worker`` threads there, so ranks never share a core. Left alone when a
     launcher already bound the process (srun --cpu-bind, mpirun --bind-to), with GPUs, or when
     ranks outnumber cores.

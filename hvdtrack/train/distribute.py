@@ -295,8 +295,12 @@ class StrategyWorkers(Workers):
         self.config = config
         if config.strategy == "multiworker":
             resolver = _cluster_resolver()
-            hosts_here = _local_worker_count(resolver)
+            self.local_rank, hosts_here = _local_worker(resolver)
             self.threads = config.threads_per_worker or threads_per_process(hosts_here)
+            self.cores = None  # on CPU, this host's workers on disjoint cores, as Horovod's
+            if config.pin_cores and not tf.config.list_physical_devices("GPU"):
+                cpus = sorted(os.sched_getaffinity(0))
+                self.cores = pin_cores(cpus, self.local_rank, hosts_here)
             set_threads(self.threads)
             if config.deadline_s is not None:
                 _set_coordination_deadline(resolver, config.deadline_s)
@@ -305,7 +309,6 @@ class StrategyWorkers(Workers):
             self.num_processes = max(1, resolver.cluster_spec().num_tasks("worker"))
             self.name = "multiworker"
             self.local_size = hosts_here
-            self.local_rank = self.rank % hosts_here
             self.shares_cores = oversubscribed(hosts_here)
         else:
             self.threads = config.threads_per_worker or cpu_threads()
@@ -434,14 +437,21 @@ def _cluster_resolver():
     )
 
 
-def _local_worker_count(resolver) -> int:
+def _local_worker(resolver) -> tuple[int, int]:
+    """(this worker's index among the cluster's workers on its host, their number)."""
     try:
         addresses = resolver.cluster_spec().job_tasks("worker")
     except (ValueError, KeyError):
-        return 1
-    mine = addresses[int(resolver.task_id or 0)].rsplit(":", 1)[0]
-    local_names = {mine, "localhost", "127.0.0.1", socket.gethostname()}
-    return max(1, sum(1 for a in addresses if a.rsplit(":", 1)[0] in local_names))
+        return 0, 1
+    task = int(resolver.task_id or 0)
+    local_names = {
+        addresses[task].rsplit(":", 1)[0],
+        "localhost",
+        "127.0.0.1",
+        socket.gethostname(),
+    }
+    here = [i for i, a in enumerate(addresses) if a.rsplit(":", 1)[0] in local_names]
+    return here.index(task), len(here)
 
 
 def make_workers(config: DistributedConfig) -> Workers:

@@ -1,11 +1,14 @@
-"""Horovod ranks on CPU bind themselves to disjoint cores (``distributed.pin_cores``)."""
+"""Horovod ranks and MultiWorker workers on CPU bind themselves to disjoint cores
+(``distributed.pin_cores``)."""
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from tests.launch import check, horovodrun
+from tests.launch import check, free_ports, horovodrun
 
 PROGRAM = """
 import json, os, sys
@@ -46,3 +49,43 @@ def test_pinning_can_be_turned_off():
     cpus = sorted(os.sched_getaffinity(0))
     rows = _results("false")
     assert rows[0]["affinity"] == rows[1]["affinity"] == [cpus]
+
+
+MULTIWORKER = """
+import json, os
+from hvdtrack.train.config import DistributedConfig
+from hvdtrack.train.distribute import StrategyWorkers
+workers = StrategyWorkers(DistributedConfig(strategy="multiworker", deadline_s=None))
+threads = {int(t): sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
+print("RESULT", json.dumps({"rank": workers.rank, "threads": workers.threads,
+                            "affinity": sorted(set(map(tuple, threads.values())))}), flush=True)
+"""
+
+
+@needs_two_cores
+def test_two_multiworker_workers_run_on_disjoint_cores(tmp_path):
+    cpus = sorted(os.sched_getaffinity(0))
+    half = len(cpus) // 2
+    workers = [f"localhost:{port}" for port in free_ports(2)]
+    procs = []
+    for index in range(2):
+        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        env = dict(os.environ, TF_CONFIG=json.dumps(tf_config), TF_CPP_MIN_LOG_LEVEL="3")
+        out = open(tmp_path / f"worker{index}.log", "w+")
+        procs.append(
+            (subprocess.Popen([sys.executable, "-c", MULTIWORKER], stdout=out, env=env), out)
+        )
+    rows = {}
+    try:
+        for proc, out in procs:
+            assert proc.wait(timeout=120) == 0
+            out.seek(0)
+            line = next(line for line in out if line.startswith("RESULT "))
+            row = json.loads(line.split(" ", 1)[1])
+            rows[row["rank"]] = row
+    finally:
+        for proc, out in procs:
+            proc.kill()
+            out.close()
+    assert rows[0]["affinity"] == [cpus[:half]] and rows[1]["affinity"] == [cpus[half : 2 * half]]
+    assert rows[0]["threads"] == rows[1]["threads"] == half
