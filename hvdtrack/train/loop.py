@@ -6,16 +6,15 @@ Data flow of one run::
     exchange through ``Workers``, Adam) -> validation reduced over workers -> TensorBoard,
     checkpoints and timing records (chief only).
 
-Every second of an epoch is booked to a part (``hvdtrack.train.timing.EPOCH_PARTS``) by a
-``PartClock``; what no part claims is the epoch's rest, which the chief reports when it exceeds
+Every second of an epoch is booked to a part (``timing.EPOCH_PARTS``) by a ``timing.PartClock``;
+what no part claims is the epoch's rest, which the chief reports when it exceeds
 ``timing.REST_LIMIT`` of the wall time.
 
-Public symbols: ``fit``, ``train``, ``PartClock``.
+Public symbols: ``fit``, ``train``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -25,7 +24,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -64,29 +63,6 @@ class _StopSignals:
     def __exit__(self, *exc) -> None:
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
-
-
-class PartClock:
-    """Wall time since creation, and the seconds booked to each of ``timing.EPOCH_PARTS``."""
-
-    def __init__(self):
-        self.start = time.perf_counter()
-        self.parts = dict.fromkeys(timing.EPOCH_PARTS, 0.0)
-
-    @contextlib.contextmanager
-    def part(self, name: str) -> Iterator[None]:
-        """Books the time spent in the block to ``name``."""
-        begin = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.add(name, time.perf_counter() - begin)
-
-    def add(self, name: str, seconds: float) -> None:
-        self.parts[name] += seconds
-
-    def wall(self) -> float:
-        return time.perf_counter() - self.start
 
 
 @dataclasses.dataclass
@@ -185,13 +161,13 @@ class _Fit:
         start_epoch, start_step = int(self.t.epoch.numpy()), int(self.t.step_in_epoch.numpy())
         self.global_step = int(self.t.optimizer.step.numpy())
         stopped = False
-        clock = PartClock()
+        clock = timing.PartClock()
         for epoch in range(start_epoch, self.tc.epochs):
             first = start_step if epoch == start_epoch else 0
             stopped, val = self._epoch(epoch, first, clock)
             if stopped:
                 break
-            clock = PartClock()  # the next epoch's interval starts here
+            clock = timing.PartClock()  # the next epoch's interval starts here
             self._save(epoch + 1, 0, clock, val)
             with clock.part("records_s"):
                 self.commit()  # elastic: workers that joined start here
@@ -211,7 +187,9 @@ class _Fit:
             self.summaries.close()
             self.summaries = outputs.Summaries(self.t, self.run_dir)
 
-    def _epoch(self, epoch: int, first: int, clock: PartClock) -> tuple[bool, Optional[dict]]:
+    def _epoch(
+        self, epoch: int, first: int, clock: timing.PartClock
+    ) -> tuple[bool, Optional[dict]]:
         """Trains one epoch from step ``first`` and validates; records it unless stopped.
         Returns (stopped, validation metrics or None)."""
         t = self.t
@@ -243,7 +221,7 @@ class _Fit:
         self.epochs.append(self._epoch_record(epoch, first, train_s, tally, val, clock))
         return False, val
 
-    def _save(self, epoch: int, step: int, clock: PartClock, val=None) -> None:
+    def _save(self, epoch: int, step: int, clock: timing.PartClock, val=None) -> None:
         """Writes the records, then the checkpoint to resume at (``epoch``, ``step``), and
         ``best/`` when ``val`` improved on every earlier validation.
 
@@ -257,7 +235,7 @@ class _Fit:
                 self.best_loss = val["loss"]
                 self.checkpoints.save_best(epoch)
 
-    def _steps(self, epoch: int, first: int, batches, clock: PartClock) -> _EpochTally:
+    def _steps(self, epoch: int, first: int, batches, clock: timing.PartClock) -> _EpochTally:
         t, tc = self.t, self.tc
         plan = t.plan(epoch)
         passes = self.cfg.distributed.backward_passes_per_step

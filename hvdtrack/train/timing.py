@@ -5,7 +5,8 @@ is the one definition of their format. A run directory holds two files written b
 (rank 0) after gathering every rank's records:
 
 - ``run.json``: the run's description (``info``): worker count, batches, status, metrics, energy,
-  the resolved config. Built with ``hvdtrack.train.runinfo.make_run_info``; extra keys are kept and ignored.
+  the resolved config. Built with ``hvdtrack.train.runinfo.make_run_info``; extra keys are
+  kept and ignored.
 - ``timing.jsonl``: one JSON object per line, a header ``{"kind": "header", "schema": 2}`` then
   ``{"kind": "step", ...StepRecord fields}`` and ``{"kind": "epoch", ...EpochRecord fields}``.
 
@@ -19,20 +20,22 @@ at the gradient exchange is derived from all ranks' step records by ``collective
 ``write_run`` may be called at every epoch end with the cumulative lists: both files are replaced
 atomically, timing first, so a reader never sees ``status: finished`` before the final timing.
 
-Public symbols: ``StepRecord``, ``EpochRecord``, ``EPOCH_PARTS``, ``Run``, ``collective_waits``,
-``epoch_accounts``, ``REST_LIMIT``, ``write_run``,
-``read_run``, ``RUN_INFO_FILE``, ``TIMING_FILE``, ``SCHEMA_VERSION``.
+Public symbols: ``StepRecord``, ``EpochRecord``, ``EPOCH_PARTS``, ``PartClock``, ``Run``,
+``collective_waits``, ``epoch_accounts``, ``REST_LIMIT``, ``write_run``, ``read_run``,
+``RUN_INFO_FILE``, ``TIMING_FILE``, ``SCHEMA_VERSION``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import math
 import os
+import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 from hvdtrack.errors import DataError
 from hvdtrack.train.runinfo import (
@@ -62,6 +65,29 @@ EPOCH_PARTS = (
 )
 # An epoch whose unaccounted rest exceeds this fraction of its wall time is flagged.
 REST_LIMIT = 0.03
+
+
+class PartClock:
+    """Wall time since creation, and the seconds booked to each of ``EPOCH_PARTS``."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.parts = dict.fromkeys(EPOCH_PARTS, 0.0)
+
+    @contextlib.contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """Books the time spent in the block to ``name``."""
+        begin = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - begin)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.parts[name] += seconds
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.start
 
 
 @dataclasses.dataclass(frozen=True)

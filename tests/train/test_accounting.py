@@ -3,8 +3,7 @@
 import pytest
 
 from hvdtrack.train import timing
-from hvdtrack.train.loop import PartClock
-from hvdtrack.train.timing import EPOCH_PARTS, EpochRecord, Run, StepRecord
+from hvdtrack.train.timing import EPOCH_PARTS, EpochRecord, PartClock, Run, StepRecord
 
 
 def step(epoch, number, rank, exchange_s):
