@@ -70,6 +70,7 @@ def build_kernel(cache_dir: Optional[Path] = None) -> Path:
             raise OSError(f"compiling {SOURCE.name} took over {BUILD_TIMEOUT_S} s") from None
         if done.returncode != 0:
             raise OSError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+        os.chmod(partial, 0o755)  # mkstemp's 0600 would hide it from other users (images)
         os.replace(partial, path)  # concurrent builders (ranks) each rename a whole file
     finally:
         if os.path.exists(partial):

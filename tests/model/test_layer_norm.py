@@ -115,6 +115,13 @@ def test_fused_results_do_not_depend_on_the_number_of_threads():
     assert len(digests) == 1
 
 
+def test_a_build_is_readable_by_every_user(tmp_path):
+    # an image builds it as root and runs as another user
+    path = build_kernel(tmp_path)
+    assert path.parent == tmp_path and path.stat().st_mode & 0o777 == 0o755
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
 def test_a_failed_build_names_the_command_and_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", "false")
     with pytest.raises(OSError, match="false .*layer_norm.cc.* failed"):
