@@ -71,6 +71,18 @@ packaged configurations (--config NAME; configs/NAME.yaml in a checkout):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from hvdtrack.train.stop import PENDING
+
+    with PENDING:  # a stop signal from now on is kept for the first step (train.stop)
+        try:
+            return _main(argv)
+        finally:
+            PENDING.received = None
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    from hvdtrack.train.stop import PREEMPTED_EXIT_CODE
+
     args = parser().parse_args(argv)
     from hvdtrack.config import config_to_dict, load_config, resolve_config_path
 
@@ -82,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Before anything initialises Horovod / MPI / tf.distribute (train() does).
     ensure_dataset(config)
-    from hvdtrack.train.loop import PREEMPTED_EXIT_CODE, train
+    from hvdtrack.train.loop import train
 
     try:
         info = train(config)

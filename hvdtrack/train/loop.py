@@ -20,8 +20,6 @@ import json
 import logging
 import math
 import os
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -33,36 +31,11 @@ from hvdtrack.config import Config, config_to_dict
 from hvdtrack.errors import TrainingError
 from hvdtrack.scaling.energy import EnergyMeter
 from hvdtrack.train import console, elastic, outputs, rundir, runinfo, timing
+from hvdtrack.train.stop import PREEMPTED_EXIT_CODE, StopSignals
 from hvdtrack.train.trainer import Trainer
 from hvdtrack.utils import memory
 
 log = logging.getLogger(console.LOGGER_NAME)
-# SIGTERM (a scheduler's preemption or time limit) and SIGUSR1 (sbatch --signal) ask a run to
-# stop: every rank checkpoints after the same step and the process exits with this code
-# (sysexits' EX_TEMPFAIL: try again later). Running the same command again resumes exactly.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-PREEMPTED_EXIT_CODE = 75
-
-
-class _StopSignals:
-    """Turns ``STOP_SIGNALS`` into a flag the loop reads at each step (main thread only)."""
-
-    def __init__(self):
-        self.received: Optional[str] = None
-        self._previous: dict = {}
-
-    def __enter__(self) -> _StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        self.received = signal.Signals(signum).name
-
-    def __exit__(self, *exc) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
 
 
 @dataclasses.dataclass
@@ -95,7 +68,7 @@ class _Fit:
         self.started = time.strftime("%Y-%m-%dT%H:%M:%S")
         self.stop_at: Optional[int] = None
         self.compile_s: Optional[float] = None
-        self.signals = _StopSignals()
+        self.signals = StopSignals()
         self.preempted = False  # a rank got a stop signal: all stop after the same step
         self.elastic = elastic.is_elastic(self.cfg.distributed.strategy)
         self.commit: Callable[[], None] = lambda: None  # elastic.run sets the state's commit
