@@ -39,7 +39,7 @@ COMMANDS = {
     # The model bench applies training's settings (its allocator) itself.
     "bench": Command(
         "hvdtrack.bench.__main__",
-        "benchmarks: construct, read, model, distributed, pipeline",
+        "benchmarks: construct, read, model, distributed, stages",
         entry.QUIET,
     ),
 }

@@ -21,19 +21,21 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import warnings
 from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
 
 from hvdtrack.configtools import apply_overrides, check, from_mapping, load_yaml, to_mapping
+from hvdtrack.distributed.config import DistributedConfig
 from hvdtrack.errors import ConfigError
 from hvdtrack.events.synthetic import SyntheticConfig
 from hvdtrack.graphs.construction import GraphConfig
-from hvdtrack.model.classifier import ModelConfig
+from hvdtrack.model.config import ModelConfig
 from hvdtrack.records.shards import RecordsConfig
 from hvdtrack.scaling.config import ScalingConfig
-from hvdtrack.train.config import DistributedConfig, TrainConfig
+from hvdtrack.train.config import TrainConfig
 from hvdtrack.utils.io import atomic_write
 
 
@@ -90,7 +92,7 @@ class Config:
     """A whole run: data preparation, model, training, distribution and scaling settings.
 
     Across sections it checks ``distributed.pipeline`` against ``model`` and
-    ``distributed.strategy`` (``hvdtrack.train.pipeline.PipelineConfig`` says what is refused).
+    ``distributed.strategy`` (``hvdtrack.distributed.stages.PipelineConfig`` says what is refused).
     """
 
     name: str = "default"
@@ -101,16 +103,16 @@ class Config:
     scaling: ScalingConfig = dataclasses.field(default_factory=ScalingConfig)
 
     def __post_init__(self):
-        _check_pipeline(self)
+        _check_stages(self)
 
 
-def _check_pipeline(config: Config) -> None:
-    """``distributed.pipeline`` against the sections it depends on (see ``PipelineConfig``)."""
-    stages = config.distributed.pipeline.stages
+def _check_stages(config: Config) -> None:
+    """``distributed.stages`` against the sections it depends on (see ``StagesConfig``)."""
+    stages = config.distributed.stages.num_stages
     steps = config.model.num_message_passing_steps
     require(
         stages <= steps,
-        f"'distributed.pipeline.stages' ({stages}) must be at most "
+        f"'distributed.stages.num_stages' ({stages}) must be at most "
         f"model.num_message_passing_steps ({steps}): a stage runs at least one message-passing step",
     )
     if stages == 1:
@@ -118,18 +120,18 @@ def _check_pipeline(config: Config) -> None:
     strategy = config.distributed.strategy
     require(
         strategy in ("local", "horovod"),
-        f"'distributed.pipeline.stages' {stages} needs distributed.strategy local or horovod "
-        f"(one pipeline per process), not {strategy}: tf.distribute places each replica on a "
-        "device of its own, the stages need theirs. Set distributed.pipeline.stages=1 or "
+        f"'distributed.stages.num_stages' {stages} needs distributed.strategy local or horovod "
+        f"(one set of stages per process), not {strategy}: tf.distribute places each replica on a "
+        "device of its own, the stages need theirs. Set distributed.stages.num_stages=1 or "
         "distributed.strategy=horovod",
     )
     for key, plain in (("precision", "float32"), ("recompute", False)):
         value = getattr(config.model, key)
         require(
             value == plain,
-            f"'distributed.pipeline.stages' {stages} needs model.{key}={str(plain).lower()} "
+            f"'distributed.stages.num_stages' {stages} needs model.{key}={str(plain).lower()} "
             f"(the stages run the plain float32 forward), not {value!r}. Set "
-            f"distributed.pipeline.stages=1 or model.{key}={str(plain).lower()}",
+            f"distributed.stages.num_stages=1 or model.{key}={str(plain).lower()}",
         )
 
 
@@ -203,10 +205,42 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    data = apply_overrides(data, overrides or [])
+    data = rename_legacy_keys(apply_overrides(data, overrides or []), str(path))
     data.setdefault("name", path.stem)
     source = str(path) if not overrides else f"{path} (with overrides {' '.join(overrides)})"
     return from_mapping(Config, data, source=source)
+
+
+def rename_legacy_keys(data: dict, where: str) -> dict:
+    """A config mapping with keys that were renamed given their new names (a warning each).
+
+    ``distributed.pipeline: {stages, micro_batches}`` is now ``distributed.stages:
+    {num_stages, micro_batches}``: "pipeline" names the tf.data input pipeline alone. Used on
+    config files and on the configs that older run directories recorded (resume checks).
+
+    Raises:
+      ConfigError: both the old and the new key are given.
+    """
+    distributed = data.get("distributed")
+    if not isinstance(distributed, dict) or "pipeline" not in distributed:
+        return data
+    if "stages" in distributed:
+        raise ConfigError(
+            f"{where}: 'distributed.pipeline' is the old name of 'distributed.stages'; "
+            "give only 'distributed.stages'"
+        )
+    old = distributed["pipeline"]
+    new = dict(old) if isinstance(old, dict) else old
+    if isinstance(new, dict) and "stages" in new:
+        new["num_stages"] = new.pop("stages")
+    warnings.warn(
+        f"{where}: 'distributed.pipeline' (stages, micro_batches) is deprecated; it is read as "
+        "'distributed.stages' (num_stages, micro_batches)",
+        FutureWarning,  # shown to users by default, unlike DeprecationWarning
+        stacklevel=2,
+    )
+    renamed = {k: v for k, v in distributed.items() if k != "pipeline"} | {"stages": new}
+    return {**data, "distributed": renamed}
 
 
 def config_to_dict(config: Config) -> dict:

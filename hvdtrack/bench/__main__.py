@@ -4,7 +4,7 @@ construct    graph construction time for a full-size event (numpy, one core)
 read         TFRecord read throughput of the training pipeline (graphs/s, edges/s)
 model        the Trainer's training step: time, share of the matmul rate, op breakdown, memory
 distributed  strong-scaling efficiency of horovodrun -np 2 vs -np 1, and Horovod's overhead
-pipeline     pipeline parallelism: time per mini-batch for S stages x M micro-batches, idle fraction vs GPipe
+stages       pipeline parallelism in stages: time per mini-batch for S stages x M micro-batches, idle fraction vs GPipe
 """
 
 from __future__ import annotations
@@ -13,11 +13,16 @@ import importlib
 import sys
 from typing import Optional, Sequence
 
-NAMES = ("construct", "read", "model", "distributed", "pipeline")
+NAMES = ("construct", "read", "model", "distributed", "stages")
+# Old names still accepted: the stages bench was called "pipeline" before the rename.
+RENAMED = {"pipeline": "stages"}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in RENAMED:
+        print(f"hvdtrack bench: '{argv[0]}' is now '{RENAMED[argv[0]]}'", file=sys.stderr)
+        argv[0] = RENAMED[argv[0]]
     if not argv or argv[0] not in NAMES:
         print(__doc__, file=sys.stderr if argv else sys.stdout)
         return 2 if argv else 0

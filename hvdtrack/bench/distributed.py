@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from hvdtrack.runs.timing import read_run
 from hvdtrack.scaling import maths
 from hvdtrack.scaling.sweep import plan_sweep, run_sweep
-from hvdtrack.train.timing import read_run
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

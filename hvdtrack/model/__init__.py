@@ -1,28 +1,8 @@
 """The segment classifier: a graph network scoring each hit-pair edge as a true track segment.
 
-Public symbols: ``ModelConfig``, ``SegmentClassifier`` (classifier.py, sparse graph_nets blocks),
-``weighted_bce_terms`` and ``weighted_bce`` (loss.py), ``num_parameters``, ``gradient_bytes``,
-``num_trainable_parameters``, ``train_step_flops`` (cost.py).
+``config`` (``ModelConfig``, the ``model:`` section, no TensorFlow), ``classifier``
+(``SegmentClassifier``, sparse graph_nets blocks), ``norm`` (the fused layer norm), ``loss``
+(``weighted_bce_terms``, ``weighted_bce``), ``metrics`` (edge metrics: AUC, efficiency, purity;
+numpy only), ``cost`` (parameters, gradient bytes, FLOPs of a training step), ``precision``.
+Nothing is imported here: ``import hvdtrack.model.config`` stays free of TensorFlow.
 """
-
-from __future__ import annotations
-
-from hvdtrack.model.classifier import ModelConfig, SegmentClassifier
-from hvdtrack.model.cost import (
-    gradient_bytes,
-    num_parameters,
-    num_trainable_parameters,
-    train_step_flops,
-)
-from hvdtrack.model.loss import weighted_bce, weighted_bce_terms
-
-__all__ = [
-    "ModelConfig",
-    "SegmentClassifier",
-    "gradient_bytes",
-    "num_parameters",
-    "num_trainable_parameters",
-    "train_step_flops",
-    "weighted_bce",
-    "weighted_bce_terms",
-]

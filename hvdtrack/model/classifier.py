@@ -19,25 +19,24 @@ Globals are not used (inputs carry zeros [num_graphs, 1]). Variables are created
 call, Sonnet style, with stable names ``<name>/{node_encoder,edge_encoder,edge_update,
 node_update,edge_output}/...``.
 
-``SegmentClassifier.encode`` and ``.core_step`` are the forward pass's parts (the pipeline
-stages of ``hvdtrack.train.pipeline`` call them).
+``SegmentClassifier.encode`` and ``.core_step`` are the forward pass's parts (the
+stages of ``hvdtrack.distributed.stages`` call them).
 
-Public symbols: ``ModelConfig``, ``SegmentClassifier``, ``FactorizedEdgeUpdate``, ``segment_sum``,
+Public symbols: ``SegmentClassifier``, ``FactorizedEdgeUpdate``, ``segment_sum``,
 ``make_mlp``, ``MODULE_NAMES``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Callable, Literal
+from typing import Callable
 
 import sonnet as snt
 import tensorflow as tf
 from graph_nets import blocks
 from graph_nets.graphs import GraphsTuple
 
-from hvdtrack.configtools import check
+from hvdtrack.model.config import ACTIVATION_NAMES, ModelConfig
 from hvdtrack.model.norm import LayerNorm
 
 ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
@@ -45,105 +44,10 @@ ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
     "tanh": tf.nn.tanh,
     "elu": tf.nn.elu,
 }
-
-# Compute dtypes of ``model.precision`` (variables, gradients and optimizer stay float32).
-PRECISIONS = ("float32", "bfloat16", "float16")
+assert tuple(ACTIVATIONS) == ACTIVATION_NAMES
 
 # The sub-modules holding variables, in data-flow order; variable names start with these.
 MODULE_NAMES = ("node_encoder", "edge_encoder", "edge_update", "node_update", "edge_output")
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """The ``model:`` config section: layer sizes of the segment classifier.
-
-    Attributes:
-      node_encoder: MLP sizes applied to the input node features; the last is the node latent size.
-      edge_encoder: MLP sizes applied to the input edge features; the last is the edge latent size.
-      edge_update: core edge MLP sizes; the last must equal ``edge_encoder[-1]`` (the latent is
-        concatenated with the encoded edges at every step).
-      node_update: core node MLP sizes; the last must equal ``node_encoder[-1]``.
-      num_message_passing_steps: times the shared core is applied.
-      layer_norm: add a LayerNorm after the encoder and core MLPs.
-      output_every_step: return the edge logits after every step (the loss averages them), or
-        only after the last.
-      output_head: hidden sizes of the edge output MLP; a final 1-unit linear layer is added.
-      activation: non-linearity of every MLP.
-      factorized_edge_update: compute the edge update's first layer part by part instead of on
-        the concatenated [E, 2 L_e + 4 L_n] input: the node parts on the N nodes before the
-        gather ((x @ W_r)[receivers] rather than x[receivers] @ W_r) and the encoded parts once
-        per forward pass rather than once per step. Same function, same variables (names and
-        shapes), fewer FLOPs and no [E, 384] concatenation; see ``hvdtrack.bench.model``.
-      recompute: keep only each message-passing step's inputs for the backward pass and
-        compute the step again there (``tf.recompute_grad``): the same gradients, a training
-        step's activation memory of one step instead of all, for about one more forward pass.
-      precision: compute dtype of the model: "float32", "bfloat16" (CPUs with AVX512-BF16 or
-        AMX, and GPUs) or "float16" (GPUs; the trainer scales the loss). Variables, gradients,
-        optimizer and the returned logits stay float32; layer norm statistics are float32.
-    """
-
-    node_encoder: tuple[int, ...] = (128, 64)
-    edge_encoder: tuple[int, ...] = (128, 64)
-    edge_update: tuple[int, ...] = (128, 64)
-    node_update: tuple[int, ...] = (128, 64)
-    num_message_passing_steps: int = 8
-    layer_norm: bool = False
-    output_every_step: bool = True
-    output_head: tuple[int, ...] = (64,)
-    activation: Literal["relu", "tanh", "elu"] = "relu"
-    factorized_edge_update: bool = False
-    recompute: bool = False
-    precision: Literal["float32", "bfloat16", "float16"] = "float32"
-
-    def __post_init__(self) -> None:
-        for key in ("node_encoder", "edge_encoder", "edge_update", "node_update", "output_head"):
-            sizes = getattr(self, key)
-            check(isinstance(sizes, (tuple, list)), key, f"must be a list of sizes, got {sizes!r}")
-            object.__setattr__(self, key, tuple(sizes))
-            check(
-                all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in sizes),
-                key,
-                f"sizes must be integers > 0, got {list(sizes)}",
-            )
-            check(key == "output_head" or len(sizes) > 0, key, "must list at least one layer size")
-        check(
-            self.edge_update[-1] == self.edge_encoder[-1],
-            "edge_update",
-            f"last size ({self.edge_update[-1]}) must equal the edge latent size "
-            f"edge_encoder[-1] ({self.edge_encoder[-1]})",
-        )
-        check(
-            self.node_update[-1] == self.node_encoder[-1],
-            "node_update",
-            f"last size ({self.node_update[-1]}) must equal the node latent size "
-            f"node_encoder[-1] ({self.node_encoder[-1]})",
-        )
-        steps = self.num_message_passing_steps
-        check(
-            isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1,
-            "num_message_passing_steps",
-            f"must be an integer >= 1, got {steps!r}",
-        )
-        for key in ("layer_norm", "output_every_step", "factorized_edge_update", "recompute"):
-            check(isinstance(getattr(self, key), bool), key, "must be true or false")
-        check(
-            self.precision in PRECISIONS,
-            "precision",
-            f"must be one of {', '.join(map(repr, PRECISIONS))}, got {self.precision!r}",
-        )
-        check(
-            self.activation in ACTIVATIONS,
-            "activation",
-            f"must be one of {', '.join(map(repr, ACTIVATIONS))}, got {self.activation!r}",
-        )
-
-    @property
-    def node_latent_size(self) -> int:
-        return self.node_encoder[-1]
-
-    @property
-    def edge_latent_size(self) -> int:
-        return self.edge_encoder[-1]
 
 
 def segment_sum(values: tf.Tensor, segment_ids: tf.Tensor, num_segments) -> tf.Tensor:
@@ -294,7 +198,7 @@ class SegmentClassifier(snt.Module):
         ``factorized_edge_update``, else ``()``).
 
         ``__call__`` is ``encode`` then ``core_step`` ``num_message_passing_steps`` times, the
-        latent starting as the encoded graphs; ``hvdtrack.train.pipeline`` runs the same calls
+        latent starting as the encoded graphs; ``hvdtrack.distributed.stages`` runs the same calls
         split over devices. No precision cast and no variable creation happen here.
         """
         encoded = self._edge_encoder(self._node_encoder(graphs))

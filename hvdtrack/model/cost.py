@@ -24,7 +24,7 @@ from typing import Literal, Sequence
 
 import tensorflow as tf
 
-from hvdtrack.model.classifier import ModelConfig
+from hvdtrack.model.config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -161,7 +161,7 @@ def _predict(args: argparse.Namespace) -> None:
 def _energy(args: argparse.Namespace) -> None:
     import time
 
-    from hvdtrack.scaling.energy import EnergyMeter, probe_energy_sources
+    from hvdtrack.runs.energy import EnergyMeter, probe_energy_sources
 
     for source, state in probe_energy_sources().items():
         print(f"{source}: {state}")

@@ -19,8 +19,8 @@ class ScalingConfig:
       device_kind: what one device is (``"cpu-core"``, ``"gpu"``): picks the power meter (RAPL
         for CPUs, NVML for GPUs) and labels the tables.
       devices_per_worker: devices one worker occupies (cores per worker for ``cpu-core``); a
-        run of N workers (with a pipeline of S stages on GPUs: N x S) is priced and powered on
-        them; on CPU a pipeline's stages share the worker's cores.
+        run of N workers (with S stages each on GPUs: N x S) is priced and powered on
+        them; on CPU the stages share the worker's cores.
       price_per_device_hour: dollars (placeholders of the right order: about $0.05 per cloud
         CPU core-hour, $3 per A100-hour).
       device_power_watts: power per device when nothing is measured (then labelled an

@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 
 from hvdtrack.errors import DataError
+from hvdtrack.runs.timing import EpochRecord, Run, StepRecord
 from hvdtrack.scaling.config import ScalingConfig
-from hvdtrack.train.timing import EpochRecord, Run, StepRecord
 
 STEP_FIELDS = ("data_s", "compute_s", "exchange_s", "total_s")
 

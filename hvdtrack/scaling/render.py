@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import pandas as pd
 
-from hvdtrack.train.timing import EPOCH_PARTS
+from hvdtrack.runs.timing import EPOCH_PARTS
 from hvdtrack.utils.io import atomic_write
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ DEFINITIONS: dict[str, Any] = {  # of the measures in a sweep's tables (also in 
     "speedup": {"strong": "t1/tN on epoch s", "weak": "N * efficiency"},
     "efficiency": {"strong": "t1/(N tN) on epoch s", "weak": "t1/tN on batch s"},
     "t1": "the N=1 run of the same training mode",
-    "devices": "N x devices_per_worker (x pipeline stages on GPUs)",
+    "devices": "N x devices_per_worker (x stages on GPUs)",
     "cost_per_epoch": "devices x epoch hours x price per device-hour (dollars)",
     "energy_per_epoch_j": "mean power of the run's devices x epoch s (joules)",
 }

@@ -7,7 +7,7 @@
   (``scaling.render``).
 
 The runs may train in different modes (``training_mode``: whole graphs or subgraph mini-batches,
-either with a pipeline of S stages x M micro-batches; N is the data-parallel worker count).
+either in S stages x M micro-batches (``distributed.stages``); N is the data-parallel worker count).
 Each mode is its own sweep, scaled against its own N=1 run (none: no speedup or efficiency, and
 a note); the report then compares the modes per (mode, N). The runs must share the resolved
 config (run.json ``config``) except ``VARYING_KEYS`` and ``MODE_KEYS``,
@@ -31,18 +31,22 @@ import pandas as pd
 
 from hvdtrack import configtools
 from hvdtrack.errors import ConfigError, DataError
+from hvdtrack.runs import timing
+from hvdtrack.runs.runinfo import flatten_config
+from hvdtrack.runs.timing import Run, read_run
 from hvdtrack.scaling import maths, render
 from hvdtrack.scaling.config import ScalingConfig
-from hvdtrack.train import timing
-from hvdtrack.train.runinfo import flatten_config
-from hvdtrack.train.timing import Run, read_run
 from hvdtrack.utils.io import atomic_write, write_json
 
 # Config keys (dotted keys or whole sections) that may differ between the runs of a report.
 VARYING_KEYS = ("scaling", "data.prepare_timeout_s", "train.run_dir", "train.batch_graphs")
 VARYING_KEYS += ("train.progress_bar", "train.progress_interval_s", "train.log_every_steps")
 VARYING_KEYS += ("train.resume", "train.allow_changed_config")
-MODE_KEYS = ("train.subgraphs", "distributed.pipeline")  # what makes the training mode
+MODE_KEYS = (
+    "train.subgraphs",
+    "distributed.stages",
+    "distributed.pipeline",
+)  # what makes the training mode
 # Scaling mode -> the batch it holds fixed (run.json key, in words).
 FIXED = {
     "strong": ("global_batch_graphs", "global batch"),
@@ -72,10 +76,10 @@ class ScalingReport:
 
 def training_mode(run: Run) -> str:
     """The run's mode from run.json: "graphs" or "subgraphs" (``input_mode``), followed by
-    ", pipeline SxM" when it ran ``pipeline.stages`` > 1 stages."""
-    stages, micro = _pipeline(run)
+    ", stages SxM" when it ran ``distributed.stages.num_stages`` > 1 stages."""
+    stages, micro = _stages(run)
     label = run.info.get("input_mode") or "graphs"
-    return f"{label}, pipeline {stages}x{micro}" if stages > 1 else label
+    return f"{label}, stages {stages}x{micro}" if stages > 1 else label
 
 
 def build_report(
@@ -204,8 +208,8 @@ def _measures(run: Run, scaling: ScalingConfig) -> dict[str, Any]:
     if epoch_s <= 0:
         raise DataError(f"{run.path}: epoch time is 0 s in timing.jsonl; the timing is broken")
     work = maths.epoch_work(run, warmup_epochs)
-    # A pipeline's stages each take a GPU; on CPU they share the worker's cores.
-    stages = _pipeline(run)[0] if scaling.device_kind == "gpu" else 1
+    # Each stage takes a GPU; on CPU the stages share the worker's cores.
+    stages = _stages(run)[0] if scaling.device_kind == "gpu" else 1
     devices = n * scaling.devices_per_worker * stages
     estimate = {"watts": scaling.device_power_watts * devices, "source": "estimate"}
     energy = run.info.get("energy") or estimate
@@ -261,10 +265,12 @@ def _median(run: Run, field: str = "total_s") -> float:
     return float(np.median(maths.step_times(run, field)))
 
 
-def _pipeline(run: Run) -> tuple[int, int]:
-    """(stages, micro-batches) of run.json's ``pipeline``; (1, 1) without one."""
-    p = run.info.get("pipeline") or {}
-    return int(p.get("stages") or 1), int(p.get("micro_batches") or 1)
+def _stages(run: Run) -> tuple[int, int]:
+    """(stages, micro-batches) of run.json's ``stages``; (1, 1) without stages. Runs written
+    before the rename recorded ``pipeline: {stages, micro_batches}``."""
+    old = run.info.get("pipeline") or {}
+    p = run.info.get("stages") or {"num_stages": old.get("stages", 1), **old}
+    return int(p.get("num_stages") or 1), int(p.get("micro_batches") or 1)
 
 
 def _check_comparable(runs: Sequence[Run], groups: list[list[Run]], mode: Optional[str]) -> str:

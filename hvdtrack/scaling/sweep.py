@@ -28,8 +28,8 @@ from typing import IO, Optional, Sequence
 
 from hvdtrack import configtools
 from hvdtrack.errors import ConfigError, DataError, TrainingError
+from hvdtrack.runs.timing import read_run
 from hvdtrack.scaling import report
-from hvdtrack.train.timing import read_run
 from hvdtrack.utils.io import Staged
 
 # Keys the sweep sets itself for every run; an override of them would break the comparison.

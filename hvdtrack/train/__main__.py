@@ -71,7 +71,7 @@ packaged configurations (--config NAME; configs/NAME.yaml in a checkout):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from hvdtrack.train.stop import PENDING
+    from hvdtrack.distributed.stop import PENDING
 
     with PENDING:  # a stop signal from now on is kept for the first step (train.stop)
         try:
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    from hvdtrack.train.stop import PREEMPTED_EXIT_CODE
+    from hvdtrack.distributed.stop import PREEMPTED_EXIT_CODE
 
     args = parser().parse_args(argv)
     from hvdtrack.config import config_to_dict, load_config, resolve_config_path
@@ -90,7 +90,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.print_config:
         print(json.dumps(config_to_dict(config), indent=2))
         return 0
-    from hvdtrack.train.launch import ensure_dataset
+    from hvdtrack.distributed.launch import ensure_dataset
 
     # Before anything initialises Horovod / MPI / tf.distribute (train() does).
     ensure_dataset(config)
@@ -113,8 +113,8 @@ def _peer_failure(err: Exception, config):
     line naming that worker; None for any other error. (Horovod's are handled by ``train``.)"""
     import tensorflow as tf
 
+    from hvdtrack.distributed.launch import launcher_rank
     from hvdtrack.errors import TrainingError
-    from hvdtrack.train.launch import launcher_rank
 
     text = str(err)
     if not isinstance(err, tf.errors.OpError) or not (

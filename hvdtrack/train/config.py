@@ -1,4 +1,4 @@
-"""The ``train:`` and ``distributed:`` sections of a run configuration."""
+"""The ``train:`` section of a run configuration (no TensorFlow: reading a config stays cheap)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from typing import Literal, Optional
 
 from hvdtrack.configtools import check
 from hvdtrack.inputs.subgraphs import SubgraphConfig
-from hvdtrack.train.pipeline import PipelineConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,84 +127,4 @@ class TrainConfig:
             self.profile_steps is None or 0 <= self.profile_steps[0] < self.profile_steps[1],
             "profile_steps",
             "must be [first, last) with 0 <= first < last",
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class DistributedConfig:
-    """Which distribution strategy runs the one training loop, and its options.
-
-    strategy:
-      local: one process, no communication.
-      horovod: one process per worker, launched by horovodrun / mpirun / srun (Gloo or MPI).
-      mirrored: tf.distribute.MirroredStrategy over the local devices (GPUs, or
-        ``num_cpu_devices`` logical CPU devices).
-      multiworker: tf.distribute.MultiWorkerMirroredStrategy, one process per host
-        (TF_CONFIG, or SLURM's environment).
-
-    ``horovod_cycle_time_ms`` sets Horovod's background-loop period (HOROVOD_CYCLE_TIME). On CPU
-    nodes where ranks fill every core, a longer cycle leaves more CPU to compute (here, 2 ranks
-    on 2 cores: 20 ms made a 1-graph step 0.59 s instead of 0.72 s); each collective may then wait
-    up to one cycle, so keep it short on GPUs.
-
-    ``deadline_s``: a rank that dies or stops answering ends the whole job, with an error naming
-    it, within about this many seconds (MultiWorker: the workers still running exit). Under
-    Horovod (horovodrun with Gloo or MPI, mpirun, srun) every rank exchanges heartbeats with
-    rank 0 beside the collectives (``hvdtrack.train.watchdog``): a closed connection ends the job
-    at once, a silence of ``deadline_s`` at the deadline. Horovod's stall shutdown ends a job
-    whose rank is alive but has not joined a collective for ``deadline_s`` (hung, deadlocked),
-    and Gloo's timeout is 1.5 deadlines. MultiWorker: the coordination service's heartbeat
-    timeout. Legitimate waits must stay shorter than the stall shutdown: the longest seen is
-    tracing with 8 ranks on 2 cores (25 s); a checkpoint write of these models takes
-    milliseconds. null waits for ever.
-
-    ``pin_cores``: on CPU, each Horovod rank (or MultiWorker worker: its index among the
-    cluster's workers on its host) binds itself to its own slice of the cores this host's ranks
-    may use (local rank r of n gets cores [r*k, (r+1)*k), k = cores // n) and runs
-    ``threads_per_worker`` threads there, so ranks never share a core. Left alone when a
-    launcher already bound the process (srun --cpu-bind, mpirun --bind-to), with GPUs, or when
-    ranks outnumber cores.
-
-    ``pipeline`` (``hvdtrack.train.pipeline.PipelineConfig``): each worker runs the model as
-    ``stages`` pipeline stages over ``micro_batches`` micro-batches (1: no pipeline).
-    """
-
-    strategy: Literal["local", "horovod", "mirrored", "multiworker"] = "local"
-    compression: Literal["none", "fp16"] = "none"
-    reduce_op: Literal["sum", "adasum"] = "sum"
-    backward_passes_per_step: int = 1
-    threads_per_worker: Optional[int] = None
-    num_cpu_devices: int = 2
-    horovod_cycle_time_ms: Optional[float] = None
-    deadline_s: Optional[float] = 60.0
-    pin_cores: bool = True
-    pipeline: PipelineConfig = dataclasses.field(default_factory=PipelineConfig)
-
-    def __post_init__(self):
-        check(self.backward_passes_per_step >= 1, "backward_passes_per_step", "must be >= 1")
-        check(
-            self.threads_per_worker is None or self.threads_per_worker >= 1,
-            "threads_per_worker",
-            "must be >= 1 or null",
-        )
-        check(self.num_cpu_devices >= 1, "num_cpu_devices", "must be >= 1")
-        check(
-            self.deadline_s is None or self.deadline_s >= 10,
-            "deadline_s",
-            "must be >= 10 seconds or null (wait for ever)",
-        )
-        check(
-            self.horovod_cycle_time_ms is None or self.horovod_cycle_time_ms > 0,
-            "horovod_cycle_time_ms",
-            "must be > 0 or null (Horovod's default)",
-        )
-        check(
-            self.reduce_op == "sum" or self.strategy == "horovod",
-            "reduce_op",
-            "adasum is a Horovod operation: set distributed.strategy=horovod",
-        )
-        check(
-            self.compression == "none" or self.strategy == "horovod",
-            "compression",
-            "fp16 compression is a Horovod option: set distributed.strategy=horovod",
         )

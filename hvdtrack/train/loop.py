@@ -28,12 +28,14 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrack.config import Config, config_to_dict
+from hvdtrack.distributed import elastic
+from hvdtrack.distributed.stop import PREEMPTED_EXIT_CODE, StopSignals
 from hvdtrack.errors import TrainingError
-from hvdtrack.scaling.energy import EnergyMeter
-from hvdtrack.train import console, elastic, outputs, rundir, runinfo, timing
-from hvdtrack.train.stop import PREEMPTED_EXIT_CODE, StopSignals
+from hvdtrack.runs import rundir, runinfo, timing
+from hvdtrack.runs.energy import EnergyMeter
+from hvdtrack.train import outputs
 from hvdtrack.train.trainer import Trainer
-from hvdtrack.utils import memory
+from hvdtrack.utils import console, memory
 
 log = logging.getLogger(console.LOGGER_NAME)
 
@@ -382,8 +384,8 @@ class _Fit:
             elastic_resets=list(self.resets) if self.elastic else None,
             # whole graphs, or subgraph mini-batches (train.subgraphs; records count seed edges)
             input_mode="subgraphs" if self.tc.subgraphs.enabled else "graphs",
-            # distributed.pipeline: {"stages": S, "micro_batches": M}, None without stages
-            pipeline=self.cfg.distributed.pipeline.run_info(),
+            # distributed.stages: {"num_stages": S, "micro_batches": M}, None without stages
+            stages=self.cfg.distributed.stages.run_info(),
             **described,
         )
 

@@ -2,7 +2,7 @@
 
 Sonnet's optimizers refuse ``MirroredStrategy``/``MultiWorkerMirroredStrategy``; this one updates
 each replica's own copy of a variable in replica context and leaves gradient reduction to the
-caller (``hvdtrack.train.distribute``), so one optimizer serves every distribution strategy.
+caller (``hvdtrack.distributed.workers``), so one optimizer serves every distribution strategy.
 """
 
 from __future__ import annotations

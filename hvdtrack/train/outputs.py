@@ -12,8 +12,9 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from hvdtrack.train import console, rundir, timing
+from hvdtrack.runs import rundir, timing
 from hvdtrack.train.trainer import StepTimes, Trainer
+from hvdtrack.utils import console
 
 log = logging.getLogger(console.LOGGER_NAME)
 

@@ -3,7 +3,7 @@
 One optimizer step is three compiled functions, so the host can time each part on its own:
 
     local (forward + backward of every pass, graphs -> gradient sums; with
-       ``distributed.pipeline`` stages, through ``train.pipeline.PipelinedClassifier``)
+       ``distributed.stages``, through ``distributed.stages.StagedClassifier``)
     -> exchange (gradients and loss sums summed over all replicas: one collective, two with
        fp16 compression or Adasum)
     -> apply (Adam update with clipping).
@@ -27,17 +27,17 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrack.config import Config
+from hvdtrack.distributed.stages import StagedClassifier, make_stage_devices, stage_devices
+from hvdtrack.distributed.workers import Workers, make_workers
 from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.inputs import pipeline
 from hvdtrack.inputs.balance import EpochPlan
+from hvdtrack.model import metrics as metrics_lib
 from hvdtrack.model.classifier import SegmentClassifier
 from hvdtrack.model.loss import weighted_bce_per_edge, weighted_bce_terms
 from hvdtrack.model.precision import cpu_flags, unsupported_reason
 from hvdtrack.records.manifest import MANIFEST_NAME, open_dataset
-from hvdtrack.train import metrics as metrics_lib
-from hvdtrack.train.distribute import Workers, make_workers
 from hvdtrack.train.optimizer import Adam, LossScale, Schedule, scaled_learning_rate
-from hvdtrack.train.pipeline import PipelinedClassifier, make_stage_devices, stage_devices
 
 EPS = 1e-12
 # What a rank can ask of all ranks through a step's exchange (a vector of flags, summed).
@@ -73,15 +73,15 @@ class Trainer:
 
     def __init__(self, config: Config, workers: Workers | None = None, *, dataset: bool = True):
         self.config = config
-        pc = config.distributed.pipeline
-        if pc.stages > 1:
+        pc = config.distributed.stages
+        if pc.num_stages > 1:
             # Logical CPU devices for the stages exist only if made before TensorFlow starts:
             # before the workers, whose Horovod heartbeats start it (configuration only, the
             # workers still set the threads). A process that ran ops already (a test) shares
             # the devices it has; the results are the same.
-            make_stage_devices(pc.stages)
+            make_stage_devices(pc.num_stages)
         self.workers = workers or make_workers(config.distributed)
-        stage_device_names = stage_devices(pc.stages) if pc.stages > 1 else None
+        stage_device_names = stage_devices(pc.num_stages) if pc.num_stages > 1 else None
         has_gpu = bool(tf.config.list_logical_devices("GPU"))
         reason = unsupported_reason(config.model.precision, has_gpu, cpu_flags())
         if reason:
@@ -126,11 +126,9 @@ class Trainer:
                 schedule, tc.adam_beta1, tc.adam_beta2, tc.adam_epsilon, tc.grad_clip_norm
             )
             self.model(pipeline.placeholder_graph())  # Sonnet creates variables lazily
-            # distributed.pipeline: the training batches run as stages x micro-batches.
-            self.pipeline = (
-                PipelinedClassifier(self.model, pc, stage_device_names)
-                if stage_device_names
-                else None
+            # distributed.stages: the training batches run as stages x micro-batches.
+            self.stages = (
+                StagedClassifier(self.model, pc, stage_device_names) if stage_device_names else None
             )
             self.variables = list(self.model.trainable_variables)
             self.optimizer.build(self.variables)
@@ -275,10 +273,10 @@ class Trainer:
 
     def _local_terms(self, graphs, labels):
         """(loss sum, weight sum, gradients of the loss sum) of one replica's batch; through
-        the stages and micro-batches of ``distributed.pipeline`` when it has stages."""
+        the stages and micro-batches of ``distributed.stages`` when it has stages."""
         tc = self.config.train
-        if self.pipeline is not None:  # float32 only (config check): no loss scale
-            return self.pipeline.local_terms(
+        if self.stages is not None:  # float32 only (config check): no loss scale
+            return self.stages.local_terms(
                 graphs, labels, self.variables, tc.true_weight, tc.fake_weight
             )
         scale = self.loss_scale.scale if self.loss_scale else None

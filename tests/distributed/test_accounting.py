@@ -3,7 +3,7 @@ rank as compute on that rank and as collective wait on the other, and nothing go
 
 import pytest
 
-from hvdtrack.train import timing
+from hvdtrack.runs import timing
 from tests.launch import REPO, check, horovodrun
 
 pytestmark = [pytest.mark.distributed]

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from hvdtrack.train.inference import evaluate_split
+from hvdtrack.evaluate.inference import evaluate_split
 from tests.launch import BIN, REPO, tiny_training, worker_env
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]

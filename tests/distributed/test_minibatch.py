@@ -21,8 +21,8 @@ PROGRAM = "tests/distributed/test_minibatch.py"
 
 def run_program() -> None:
     from hvdtrack.config import load_config
+    from hvdtrack.runs.timing import read_run
     from hvdtrack.train.loop import fit
-    from hvdtrack.train.timing import read_run
     from hvdtrack.train.trainer import Trainer
 
     config_path, dataset, out, seed_edges, *overrides = sys.argv[1:]

@@ -12,8 +12,8 @@ from tests.launch import check, free_ports, horovodrun
 
 PROGRAM = """
 import json, os, sys
-from hvdtrack.train.config import DistributedConfig
-from hvdtrack.train.distribute import HorovodWorkers
+from hvdtrack.distributed.config import DistributedConfig
+from hvdtrack.distributed.workers import HorovodWorkers
 pin = sys.argv[1] == "true"
 workers = HorovodWorkers(DistributedConfig(strategy="horovod", pin_cores=pin, deadline_s=None))
 threads = {int(t): sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
@@ -53,8 +53,8 @@ def test_pinning_can_be_turned_off():
 
 MULTIWORKER = """
 import json, os
-from hvdtrack.train.config import DistributedConfig
-from hvdtrack.train.distribute import StrategyWorkers
+from hvdtrack.distributed.config import DistributedConfig
+from hvdtrack.distributed.workers import StrategyWorkers
 workers = StrategyWorkers(DistributedConfig(strategy="multiworker", deadline_s=None))
 threads = {int(t): sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
 print("RESULT", json.dumps({"rank": workers.rank, "threads": workers.threads,

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from hvdtrack.train.stop import PREEMPTED_EXIT_CODE
+from hvdtrack.distributed.stop import PREEMPTED_EXIT_CODE
 from tests.launch import (
     assert_same_weights,
     check,

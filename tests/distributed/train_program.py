@@ -78,7 +78,7 @@ def main() -> None:
 
 
 def _epochs(run_dir: Path):
-    from hvdtrack.train.timing import read_run
+    from hvdtrack.runs.timing import read_run
 
     return [e for e in read_run(run_dir).epochs if e.rank == 0]
 

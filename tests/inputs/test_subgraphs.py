@@ -18,7 +18,8 @@ from hvdtrack.inputs.subgraphs import (
     sample_subgraph,
     unit_seed_edges,
 )
-from hvdtrack.model.classifier import ModelConfig, SegmentClassifier
+from hvdtrack.model.classifier import SegmentClassifier
+from hvdtrack.model.config import ModelConfig
 from hvdtrack.model.loss import weighted_bce_terms
 from hvdtrack.records import RecordsConfig, open_dataset, write_dataset
 

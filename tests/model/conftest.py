@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from graph_nets import utils_tf
 
-from hvdtrack.model import ModelConfig
+from hvdtrack.model.config import ModelConfig
 
 # A small literal config: node latent 4, edge latent 3, one hidden layer of 2 in the head.
 TINY = ModelConfig(

@@ -10,8 +10,8 @@ import tensorflow as tf
 
 from hvdtrack import configtools
 from hvdtrack.errors import ConfigError
-from hvdtrack.model import ModelConfig, SegmentClassifier
-from hvdtrack.model.classifier import MODULE_NAMES, segment_sum
+from hvdtrack.model.classifier import MODULE_NAMES, SegmentClassifier, segment_sum
+from hvdtrack.model.config import ModelConfig
 from tests.model.conftest import TINY
 
 

@@ -6,15 +6,15 @@ import dataclasses
 
 import pytest
 
-from hvdtrack.model import (
-    ModelConfig,
-    SegmentClassifier,
+from hvdtrack.model.classifier import SegmentClassifier
+from hvdtrack.model.config import ModelConfig
+from hvdtrack.model.cost import (
+    forward_flops,
     gradient_bytes,
     num_parameters,
     num_trainable_parameters,
     train_step_flops,
 )
-from hvdtrack.model.cost import forward_flops
 from tests.model.conftest import TINY
 
 # TINY with 3 node features and 2 edge features (w + b per layer):

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrack.model import weighted_bce, weighted_bce_terms
-from hvdtrack.model.loss import weighted_bce_per_edge
+from hvdtrack.model.loss import weighted_bce, weighted_bce_per_edge, weighted_bce_terms
 
 # Two edges, labels [true, fake], weights 2 : 1, logits after two steps:
 #   step 1: [0, 2]   BCE = [log 2, log(1 + e^2)]

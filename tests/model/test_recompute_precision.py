@@ -10,7 +10,9 @@ import tensorflow as tf
 
 from hvdtrack import configtools
 from hvdtrack.errors import ConfigError
-from hvdtrack.model import ModelConfig, SegmentClassifier, weighted_bce
+from hvdtrack.model.classifier import SegmentClassifier
+from hvdtrack.model.config import ModelConfig
+from hvdtrack.model.loss import weighted_bce
 from tests.model.conftest import TINY
 from tests.model.test_classifier import copy_weights
 

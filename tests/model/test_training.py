@@ -7,7 +7,9 @@ import sonnet as snt
 import tensorflow as tf
 from graph_nets import utils_tf
 
-from hvdtrack.model import ModelConfig, SegmentClassifier, weighted_bce
+from hvdtrack.model.classifier import SegmentClassifier
+from hvdtrack.model.config import ModelConfig
+from hvdtrack.model.loss import weighted_bce
 
 
 def test_loss_falls_over_30_adam_steps():

@@ -7,8 +7,8 @@ from typing import Any, Optional, Sequence
 
 import pytest
 
-from hvdtrack.train.runinfo import make_run_info
-from hvdtrack.train.timing import EPOCH_PARTS, EpochRecord, StepRecord, write_run
+from hvdtrack.runs.runinfo import make_run_info
+from hvdtrack.runs.timing import EPOCH_PARTS, EpochRecord, StepRecord, write_run
 
 BASE_CONFIG = {
     "model": {"hidden": 64, "iterations": 4},

@@ -6,8 +6,8 @@ import pytest
 
 from hvdtrack.configtools import from_mapping
 from hvdtrack.errors import ConfigError
+from hvdtrack.runs.energy import EnergyMeter, probe_energy_sources
 from hvdtrack.scaling.config import ScalingConfig
-from hvdtrack.scaling.energy import EnergyMeter, probe_energy_sources
 
 
 class Clock:

@@ -6,10 +6,10 @@ import pytest
 
 from hvdtrack.configtools import from_mapping
 from hvdtrack.errors import ConfigError, DataError
+from hvdtrack.runs.timing import read_run
 from hvdtrack.scaling import maths
 from hvdtrack.scaling.config import ScalingConfig
 from hvdtrack.scaling.maths import NetworkModel
-from hvdtrack.train.timing import read_run
 
 # 80 Gb/s = 10 GB/s; no latency unless a test adds it.
 TEN_GB_S = NetworkModel("test", 80.0, 0.0)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from hvdtrack.errors import DataError
+from hvdtrack.runs.timing import read_run
 from hvdtrack.scaling import maths
-from hvdtrack.train.timing import read_run
 
 
 def test_strong_scaling_of_hand_computed_table():
@@ -124,7 +124,7 @@ def test_epoch_time_of_a_one_epoch_run_uses_that_epoch(tmp_path, synthetic_run):
 
 
 def test_an_epoch_resumed_mid_way_is_not_an_epoch_time():
-    from hvdtrack.train.timing import EPOCH_PARTS, EpochRecord, Run
+    from hvdtrack.runs.timing import EPOCH_PARTS, EpochRecord, Run
 
     def record(epoch, steps, time_s):
         return EpochRecord(

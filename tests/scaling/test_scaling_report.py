@@ -8,9 +8,9 @@ import json
 import pytest
 
 from hvdtrack.errors import ConfigError, DataError
+from hvdtrack.runs.timing import read_run
 from hvdtrack.scaling import report
 from hvdtrack.scaling.render import render_markdown
-from hvdtrack.train.timing import read_run
 
 
 def from_dirs(run_dirs):

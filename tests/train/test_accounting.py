@@ -2,8 +2,8 @@
 
 import pytest
 
-from hvdtrack.train import timing
-from hvdtrack.train.timing import EPOCH_PARTS, EpochRecord, PartClock, Run, StepRecord
+from hvdtrack.runs import timing
+from hvdtrack.runs.timing import EPOCH_PARTS, EpochRecord, PartClock, Run, StepRecord
 
 
 def step(epoch, number, rank, exchange_s):

@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from hvdtrack.train import console
+from hvdtrack.utils import console
 
 
 class FakeClock:
@@ -205,7 +205,7 @@ def test_counter_plain_lines_and_terminal_bar():
 
 
 def test_prepare_progress_has_no_carriage_returns_in_logs(capsys):
-    from hvdtrack.prepare import _bar
+    from hvdtrack.prepare.jobs import _bar
 
     bar = _bar(True, 3)
     for _ in range(3):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from hvdtrack.train.stop import PREEMPTED_EXIT_CODE
+from hvdtrack.distributed.stop import PREEMPTED_EXIT_CODE
 from tests.launch import tiny_training
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hvdtrack.errors import ConfigError, DataError
-from hvdtrack.train.metrics import roc_auc, roc_curve
+from hvdtrack.model.metrics import roc_auc, roc_curve
 
 
 def test_roc_curve_by_hand():
@@ -67,7 +67,7 @@ def test_evaluate_writes_metrics_plots_submissions_and_tensorboard(tiny_run, cap
 
 
 def test_evaluate_split_keeps_the_edge_metrics(tiny_run):
-    from hvdtrack.train.inference import evaluate_split
+    from hvdtrack.evaluate.inference import evaluate_split
 
     result = json.loads((tiny_run / "evaluate-test" / "metrics.json").read_text())
     assert evaluate_split(tiny_run, "test")["auc"] == pytest.approx(result["edges"]["auc"])

@@ -10,9 +10,14 @@ import time
 import pytest
 
 from hvdtrack.config import load_config
+from hvdtrack.distributed.launch import (
+    dataset_status,
+    ensure_dataset,
+    launcher_rank,
+    wait_for_dataset,
+)
 from hvdtrack.errors import ConfigError, DataError
-from hvdtrack.prepare import prepare_dataset
-from hvdtrack.train.launch import dataset_status, ensure_dataset, launcher_rank, wait_for_dataset
+from hvdtrack.prepare.jobs import prepare_dataset
 from tests.launch import REPO, worker_env
 
 
@@ -65,7 +70,7 @@ def test_launcher_rank_refuses_garbage(env, message):
 def test_launch_module_initialises_nothing():
     # Importing it (and the preparation code) must not load Horovod or MPI.
     code = (
-        "import sys, hvdtrack.train.launch;"
+        "import sys, hvdtrack.distributed.launch;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('horovod', 'mpi4py'));"
         "print(bad); sys.exit(1 if bad else 0)"
     )

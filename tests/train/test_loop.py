@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hvdtrack.errors import ConfigError, DataError, TrainingError
-from hvdtrack.train import timing
+from hvdtrack.runs import timing
 from hvdtrack.train.loop import fit
 from hvdtrack.train.trainer import Trainer
 
@@ -136,9 +136,9 @@ def test_checkpoint_of_another_model_is_refused(tiny_config):
 
 
 def test_checkpoint_scores_new_graphs(tiny_config, tiny_dataset):
+    from hvdtrack.evaluate.inference import evaluate_split, load_classifier, score_graphs
     from hvdtrack.records.manifest import open_dataset
     from hvdtrack.records.shards import read_split_graphs
-    from hvdtrack.train.inference import evaluate_split, load_classifier, score_graphs
 
     config = tiny_config("train.epochs=2", run="infer")
     trainer = Trainer(config)
@@ -153,7 +153,7 @@ def test_checkpoint_scores_new_graphs(tiny_config, tiny_dataset):
     assert all(((s >= 0) & (s <= 1)).all() for s in scores)
     result = evaluate_split(config.train.run_dir, "test", "latest")
     # The same scores through the tf.data path: identical metrics.
-    from hvdtrack.train.metrics import edge_metrics
+    from hvdtrack.model.metrics import edge_metrics
 
     direct = edge_metrics(
         np.concatenate(scores), np.concatenate([g.labels for g in graphs]), config.train.thresholds
@@ -163,7 +163,7 @@ def test_checkpoint_scores_new_graphs(tiny_config, tiny_dataset):
 
 
 def test_inference_refuses_a_non_run_directory(tmp_path):
-    from hvdtrack.train.inference import load_classifier
+    from hvdtrack.evaluate.inference import load_classifier
 
     with pytest.raises(ConfigError, match="not a training run directory"):
         load_classifier(tmp_path)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from hvdtrack.train.metrics import edge_metrics, roc_auc, threshold_counts
+from hvdtrack.model.metrics import edge_metrics, roc_auc, threshold_counts
 
 
 def test_auc_by_hand():

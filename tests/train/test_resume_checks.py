@@ -4,8 +4,8 @@ run directory changes; settings that only say how long or how loudly to run may 
 import pytest
 
 from hvdtrack.errors import ConfigError
+from hvdtrack.runs.rundir import check_resume
 from hvdtrack.train.loop import fit
-from hvdtrack.train.rundir import check_resume
 from hvdtrack.train.trainer import Trainer
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hvdtrack.train.cores import core_slice, launcher_local_size, share_cores
+from hvdtrack.distributed.cores import core_slice, launcher_local_size, share_cores
 
 
 @pytest.mark.parametrize(

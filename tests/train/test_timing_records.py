@@ -7,8 +7,8 @@ import json
 import pytest
 
 from hvdtrack.errors import DataError
-from hvdtrack.train.runinfo import hash_config, make_run_info
-from hvdtrack.train.timing import EpochRecord, StepRecord, read_run, write_run
+from hvdtrack.runs.runinfo import hash_config, make_run_info
+from hvdtrack.runs.timing import EpochRecord, StepRecord, read_run, write_run
 
 STEP = StepRecord(
     epoch=0,

@@ -1,4 +1,4 @@
-"""Heartbeats between ranks (``hvdtrack.train.watchdog``) over real sockets in one process: a
+"""Heartbeats between ranks (``hvdtrack.distributed.watchdog``) over real sockets in one process: a
 peer that goes silent or drops its connection is named; one that says goodbye is not."""
 
 import socket
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from hvdtrack.train.watchdog import Watchdog
+from hvdtrack.distributed.watchdog import Watchdog
 
 DEADLINE = 1.0
 

@@ -40,7 +40,8 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-from hvdtrack.train import console, timing
+from hvdtrack.runs import timing
+from hvdtrack.utils import console
 
 log = logging.getLogger(console.LOGGER_NAME)
 

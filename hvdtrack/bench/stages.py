@@ -1,11 +1,11 @@
-"""Pipeline parallelism: time per mini-batch for S stages x M micro-batches, and the bubble.
+"""Stages (pipeline parallelism): time per mini-batch for S stages x M micro-batches, and the bubble.
 
-  python -m hvdtrack.bench.pipeline [--stages 1 2 4] [--micro-batches 1 5 10]
+  python -m hvdtrack.bench.stages [--stages 1 2 4] [--micro-batches 1 5 10]
       [--graphs 10] [--nodes 2000] [--edges 4000] [--threads-per-stage 1] [--repeats 5]
 
 One process with max(S) logical CPU devices (GPUs when present), each stage's ops on one intra-op
 thread by default, so that a stage behaves like one worker. For every (S, M) the compiled
-forward + backward of ``train.pipeline.PipelinedClassifier`` on one batch of ``--graphs``
+forward + backward of ``distributed.stages.StagedClassifier`` on one batch of ``--graphs``
 random graphs is timed (median of ``--repeats`` after one warm-up call; the trace is excluded),
 with the default model (8 message-passing steps). Printed per (S, M):
 
@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="hvdtrack bench pipeline", description=__doc__.splitlines()[0]
+        prog="hvdtrack bench stages", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--stages", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 5, 10])
@@ -47,14 +47,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import numpy as np
     import tensorflow as tf
 
+    from hvdtrack.distributed.config import StagesConfig
+    from hvdtrack.distributed.stages import StagedClassifier, bubble_fraction, stage_devices
     from hvdtrack.inputs.pipeline import merge_graphs
-    from hvdtrack.model.classifier import ModelConfig, SegmentClassifier
-    from hvdtrack.train.pipeline import (
-        PipelineConfig,
-        PipelinedClassifier,
-        bubble_fraction,
-        stage_devices,
-    )
+    from hvdtrack.model.classifier import SegmentClassifier
+    from hvdtrack.model.config import ModelConfig
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads_per_stage)
     tf.config.threading.set_inter_op_parallelism_threads(max(args.stages) + 1)
@@ -73,7 +70,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     net(graphs)  # variables
 
     def measure(stages: int, micro_batches: int) -> float:
-        piped = PipelinedClassifier(net, PipelineConfig(stages, micro_batches), devices[:stages])
+        piped = StagedClassifier(net, StagesConfig(stages, micro_batches), devices[:stages])
 
         @tf.function
         def step(graphs, labels):

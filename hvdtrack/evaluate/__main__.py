@@ -68,11 +68,11 @@ def evaluate_run(
     """
     import tensorflow as tf
 
+    from hvdtrack.evaluate.inference import load_classifier, score_split
+    from hvdtrack.model import metrics as edge_lib
     from hvdtrack.records.manifest import open_dataset
     from hvdtrack.tracks import building, matching, plots
     from hvdtrack.tracks.truth import check_graph_truth, load_truth
-    from hvdtrack.train import metrics as edge_lib
-    from hvdtrack.train.inference import load_classifier, score_split
     from hvdtrack.utils.io import write_json
 
     started = time.perf_counter()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from hvdtrack.errors import ConfigError, DataError, HvdtrackError
-from hvdtrack.prepare import (
+from hvdtrack.prepare.jobs import (
     PREPARE_INFO,
     _bar,
     _check_replaceable,

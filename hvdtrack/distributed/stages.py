@@ -1,4 +1,4 @@
-"""Pipeline parallelism for the segment classifier: message-passing steps in S stages on S
+"""Stages: pipeline parallelism for the segment classifier (``distributed.stages``): message-passing steps in S stages on S
 devices, a batch in M micro-batches run GPipe-style, gradients accumulated and applied once.
 
 The classifier (``model.classifier``) encodes, then applies its core K times, with an edge
@@ -14,84 +14,32 @@ executor then runs stage s on m alongside stage s+1 on m-1. The backward pass is
 gradient of the summed loss over all micro-batches, its ops placed with the forward ops they
 differentiate. So one call gives ``(loss sum, weight sum, gradient sums)``, exactly what
 ``Trainer._local_terms`` returns for a batch: the trainer's exchange (Horovod allreduce across
-pipelines, one pipeline per worker) and apply parts stay as they are.
+workers, one set of stages per worker) and apply parts stay as they are.
 
 Devices (``stage_devices``): GPUs when present (stage s on GPU s mod #GPUs), otherwise logical
 CPU devices made at start-up. Logical CPU devices share the process's thread pools: on CPU the
 stages overlap only as far as inter-op threads and cores allow (2 cores here), so the bench
-(``hvdtrack.bench.pipeline``) measures the schedule and its bubble, not a GPU pipeline's speedup.
+(``hvdtrack.bench.stages``) measures the schedule and its bubble, not a GPU pipeline's speedup.
 
 The stages call the classifier's own parts, ``SegmentClassifier.encode`` (stage 0) and
-``.core_step`` (each step), as ``SegmentClassifier.__call__`` does; ``tests/train/test_pipeline.py``
+``.core_step`` (each step), as ``SegmentClassifier.__call__`` does; ``tests/train/test_stages.py``
 checks logits and gradients against the classifier itself.
 
-Public symbols: ``PipelineConfig``, ``PipelinedClassifier``, ``stage_steps``, ``split_batch``,
+Public symbols: ``StagedClassifier``, ``stage_steps``, ``split_batch``,
 ``stage_devices``, ``make_stage_devices``, ``bubble_fraction``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional, Sequence
 
 import tensorflow as tf
 from graph_nets.graphs import GraphsTuple
 
-from hvdtrack.configtools import check
+from hvdtrack.distributed.config import StagesConfig
 from hvdtrack.errors import ConfigError
 from hvdtrack.model.classifier import SegmentClassifier
 from hvdtrack.model.loss import weighted_bce_terms
-
-
-@dataclasses.dataclass(frozen=True)
-class PipelineConfig:
-    """The ``distributed.pipeline`` section: pipeline parallelism inside each worker.
-
-    With ``stages`` > 1 the trainer (``Trainer._local_terms``) runs every training batch
-    through a ``PipelinedClassifier``: the message-passing steps split over ``stages`` devices
-    (``stage_devices``: GPUs, else logical CPU devices made at start-up), the batch cut into
-    ``micro_batches`` parts of whole graphs (subgraphs with ``train.subgraphs``) run GPipe-style.
-    The loss and weight sums and the gradients are those of the plain step (to float rounding),
-    so the gradient exchange across workers (``distributed.strategy: horovod``: data x pipeline
-    parallelism, one pipeline per process) and the optimizer step are unchanged. Validation and
-    evaluation run the plain model on whole graphs. run.json records
-    ``pipeline: {stages, micro_batches}`` (null with one stage).
-
-    Attributes:
-      stages: S, devices the message-passing steps are split over (1: no pipeline); at most
-        ``model.num_message_passing_steps`` (a stage runs at least one step).
-      micro_batches: M, parts of a worker's batch run through the stages in turn; more parts
-        than ``train.batch_graphs`` leaves some empty (allowed, pure overhead). GPipe's idle
-        fraction is (S - 1) / (M + S - 1).
-
-    Refused (``hvdtrack.config.Config``): stages > 1 with ``distributed.strategy`` mirrored or
-    multiworker (tf.distribute places each replica on a device of its own, the stages need
-    theirs), with ``model.precision`` other than float32 or with ``model.recompute`` (the
-    stages run the plain float32 forward).
-
-    Resuming: the section may change between a run and its resume (``rundir.RESUMABLE_CHANGES``):
-    it changes neither the variables, the checkpoint nor the data order, and the gradients
-    equal the plain step's to float rounding (``tests/train/test_pipeline*.py``); it changes how
-    fast a step runs, as ``distributed.strategy`` or ``threads_per_worker`` do.
-    """
-
-    stages: int = 1
-    micro_batches: int = 1
-
-    def __post_init__(self) -> None:
-        for key in ("stages", "micro_batches"):
-            value = getattr(self, key)
-            check(
-                isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                key,
-                f"must be an integer >= 1, got {value!r}",
-            )
-
-    def run_info(self) -> Optional[dict[str, int]]:
-        """run.json's ``pipeline``: ``{"stages": S, "micro_batches": M}``, None for S == 1."""
-        if self.stages == 1:
-            return None
-        return {"stages": self.stages, "micro_batches": self.micro_batches}
 
 
 def stage_steps(num_steps: int, stages: int) -> list[range]:
@@ -180,13 +128,13 @@ def stage_devices(stages: int) -> list[str]:
     return [cpus[s % len(cpus)].name for s in range(stages)]
 
 
-class PipelinedClassifier:
+class StagedClassifier:
     """A ``SegmentClassifier`` run as S stages over M micro-batches (same variables).
 
     Args:
       model: the classifier (its variables are used as they are, wherever they live).
       config: stages and micro-batches.
-      devices: one device name per stage (default: ``stage_devices(config.stages)``).
+      devices: one device name per stage (default: ``stage_devices(config.num_stages)``).
 
     Raises:
       ConfigError: more stages than message-passing steps, a device list of another length,
@@ -197,7 +145,7 @@ class PipelinedClassifier:
     def __init__(
         self,
         model: SegmentClassifier,
-        config: PipelineConfig,
+        config: StagesConfig,
         devices: Optional[Sequence[str]] = None,
     ):
         for key, plain in (("precision", "float32"), ("recompute", False)):
@@ -205,15 +153,15 @@ class PipelinedClassifier:
             if value != plain:
                 raise ConfigError(
                     f"'model.{key}' is {value!r}: pipeline stages run the float32 forward "
-                    f"without recompute; set model.{key}={plain} or distributed.pipeline.stages=1"
+                    f"without recompute; set model.{key}={plain} or distributed.stages.num_stages=1"
                 )
         self.model = model
         self.config = config
-        self.steps = stage_steps(model.config.num_message_passing_steps, config.stages)
-        self.devices = list(devices) if devices is not None else stage_devices(config.stages)
-        if len(self.devices) != config.stages:
+        self.steps = stage_steps(model.config.num_message_passing_steps, config.num_stages)
+        self.devices = list(devices) if devices is not None else stage_devices(config.num_stages)
+        if len(self.devices) != config.num_stages:
             raise ConfigError(
-                f"PipelinedClassifier: {len(self.devices)} devices for {config.stages} stages"
+                f"StagedClassifier: {len(self.devices)} devices for {config.num_stages} stages"
             )
 
     # ------------------------------------------------------------------------ one stage
@@ -241,7 +189,7 @@ class PipelinedClassifier:
         overlaps the rest. Eagerly the stages simply run in order.
         """
         parts = split_batch(graphs, labels, self.config.micro_batches)
-        busy: list[Optional[tf.Tensor]] = [None] * self.config.stages  # last output per stage
+        busy: list[Optional[tf.Tensor]] = [None] * self.config.num_stages  # last output per stage
         out = []
         for part_graphs, part_labels in parts:
             state: tuple = (part_graphs,)

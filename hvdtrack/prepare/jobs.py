@@ -10,12 +10,11 @@ A worker process that dies (the out-of-memory killer, ``kill -9``) or an event t
 
 Under ``mpirun -np N python -m hvdtrack.prepare ...`` (or ``srun --mpi=...``) the ranks share the
 events, each with its own worker pool, and write the same dataset byte for byte as one process
-(``hvdtrack.prepare_mpi``); a rank that fails or stops ends every rank with an error naming it.
+(``hvdtrack.prepare.mpi``); a rank that fails or stops ends every rank with an error naming it.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import dataclasses
@@ -29,10 +28,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from hvdtrack.configtools import to_mapping
-from hvdtrack.entry import run
 from hvdtrack.errors import DataError
 from hvdtrack.events import synthetic, trackml
 from hvdtrack.graphs.construction import build_hit_graphs_counting_lost
@@ -345,7 +343,7 @@ def _check_replaceable(target: Path) -> None:
 
 def _bar(enabled: bool, total: int):
     """A tqdm bar on a terminal; plain lines every 30 s (no carriage returns) in logs."""
-    from hvdtrack.train.console import counter
+    from hvdtrack.utils.console import counter
 
     return counter(enabled, total, label="prepare", unit="event")
 
@@ -381,44 +379,3 @@ def _markdown(report: dict, per_split: dict, total: ConstructionReport, data: Da
         "",
     ]
     return "\n".join(lines)
-
-
-def parser() -> argparse.ArgumentParser:
-    from hvdtrack.config import packaged_configs
-
-    p = argparse.ArgumentParser(prog="hvdtrack prepare", description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--config",
-        default=None,
-        help="a YAML run configuration, or the name of a packaged one ("
-        + ", ".join(packaged_configs())
-        + "); default: the packaged 'default'",
-    )
-    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
-    p.add_argument("--force", action="store_true", help="rebuild even if the dataset is up to date")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from hvdtrack.config import load_config, resolve_config_path
-
-    args = parser().parse_args(argv)
-    config = load_config(resolve_config_path(args.config), args.overrides)
-    from hvdtrack.prepare_mpi import Late, mpi_world, prepare_dataset_mpi
-
-    comm = mpi_world()  # None unless started by mpirun/srun among other ranks
-    if comm is None:
-        prepare_dataset(config, force=args.force, progress=not args.no_progress)
-        return 0
-    try:
-        prepare_dataset_mpi(config, comm, force=args.force, progress=not args.no_progress)
-    except Late as late:
-        # A rank that neither reports nor fails cannot be told to stop: end the whole job.
-        print(f"hvdtrack: error: {late}; aborting every rank", file=sys.stderr, flush=True)
-        comm.Abort(4)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(run(main))

@@ -1,8 +1,8 @@
 """Data x pipeline parallelism from the config under ``horovodrun -np 2``: each rank a 2-stage
 pipeline on its own 2 logical CPU devices, the real loop trains and validates on whole graphs.
 
-This module's program (``python tests/distributed/test_train_pipeline.py CONFIG DATASET OUT
-[overrides]``) trains with ``distributed.pipeline.stages=2 distributed.pipeline.micro_batches=2``,
+This module's program (``python tests/distributed/test_train_stages.py CONFIG DATASET OUT
+[overrides]``) trains with ``distributed.stages.num_stages=2 distributed.stages.micro_batches=2``,
 as ``python -m hvdtrack.train`` does with those overrides.
 """
 
@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # ~1 min on 2 shared cores
-PROGRAM = "tests/distributed/test_train_pipeline.py"
+PROGRAM = "tests/distributed/test_train_stages.py"
 
 
 def run_program() -> None:
     from hvdtrack.config import load_config
+    from hvdtrack.runs.timing import read_run
     from hvdtrack.train.loop import fit
-    from hvdtrack.train.timing import read_run
     from hvdtrack.train.trainer import Trainer
 
     config_path, dataset, out, *overrides = sys.argv[1:]
@@ -34,8 +34,8 @@ def run_program() -> None:
             f"train.run_dir={out / 'run'}",
             "distributed.strategy=horovod",
             "train.progress_bar=false",
-            "distributed.pipeline.stages=2",
-            "distributed.pipeline.micro_batches=2",
+            "distributed.stages.num_stages=2",
+            "distributed.stages.micro_batches=2",
             *overrides,
         ],
     )

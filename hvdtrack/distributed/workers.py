@@ -10,7 +10,7 @@ The training loop sees a ``Workers`` object and nothing else of the strategy:
 * host-side collectives over processes for metrics: ``allreduce_host`` (sums) and
   ``allgather_host`` (concatenation in rank order).
 
-Threads and cores of the workers: ``hvdtrack.train.cores``. Public symbols: ``Workers``,
+Threads and cores of the workers: ``hvdtrack.distributed.cores``. Public symbols: ``Workers``,
 ``HorovodWorkers``, ``StrategyWorkers``, ``make_workers``.
 """
 
@@ -26,9 +26,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from hvdtrack.errors import ConfigError
-from hvdtrack.train.config import DistributedConfig
-from hvdtrack.train.cores import (
+from hvdtrack.distributed.config import DistributedConfig
+from hvdtrack.distributed.cores import (
     cpu_threads,
     launcher_local_size,
     oversubscribed,
@@ -37,7 +36,8 @@ from hvdtrack.train.cores import (
     share_cores,
     threads_per_process,
 )
-from hvdtrack.train.watchdog import Watchdog
+from hvdtrack.distributed.watchdog import Watchdog
+from hvdtrack.errors import ConfigError
 
 
 class Workers:

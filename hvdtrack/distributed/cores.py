@@ -1,6 +1,6 @@
 """Cores and threads of the workers on one host: how many threads a worker gets, whether the
 host's ranks outnumber its cores (then MPI is told to yield), and pinning each rank to its own
-slice of the cores (``DistributedConfig.pin_cores``). Used by ``hvdtrack.train.distribute``.
+slice of the cores (``DistributedConfig.pin_cores``). Used by ``hvdtrack.distributed.workers``.
 """
 
 from __future__ import annotations

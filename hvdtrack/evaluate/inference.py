@@ -19,10 +19,10 @@ from hvdtrack.config import Config, load_config
 from hvdtrack.errors import ConfigError
 from hvdtrack.graphs.construction import HitGraph
 from hvdtrack.inputs import pipeline
+from hvdtrack.model import metrics as metrics_lib
 from hvdtrack.model.classifier import SegmentClassifier
 from hvdtrack.records.manifest import Manifest, open_dataset
 from hvdtrack.records.shards import read_split_graphs
-from hvdtrack.train import metrics as metrics_lib
 
 
 def load_classifier(

@@ -12,7 +12,7 @@ from typing import Any
 
 from hvdtrack.config import Config, config_to_dict, dump_config
 from hvdtrack.errors import ConfigError
-from hvdtrack.train.runinfo import flatten_config
+from hvdtrack.runs.runinfo import flatten_config
 from hvdtrack.utils.io import write_json
 
 # What a resumed run may change: how long it runs, how it logs, checkpoints and launches. Any
@@ -41,8 +41,9 @@ RESUMABLE_CHANGES = (
     "distributed.horovod_cycle_time_ms",
     "distributed.deadline_s",
     # Same variables, checkpoint and data order; the gradients equal the plain step's to float
-    # rounding (tests/train/test_pipeline*.py): only the speed changes (PipelineConfig).
-    "distributed.pipeline",
+    # rounding (tests/train/test_stages*.py): only the speed changes (StagesConfig).
+    "distributed.stages",
+    "distributed.pipeline",  # its old name, in run directories written before the rename
     "scaling",
 )
 

@@ -1,6 +1,6 @@
 """Pipeline parallelism: stages, micro-batches, and gradients equal to the sequential step's.
 
-The multi-device case runs this file as a program (``python tests/train/test_pipeline.py``) in a
+The multi-device case runs this file as a program (``python tests/train/test_stages.py``) in a
 fresh process, since logical CPU devices can only be made before TensorFlow starts.
 """
 
@@ -15,17 +15,18 @@ import pytest
 import tensorflow as tf
 from graph_nets.graphs import GraphsTuple
 
-from hvdtrack.errors import ConfigError
-from hvdtrack.inputs.pipeline import merge_graphs
-from hvdtrack.model.classifier import ModelConfig, SegmentClassifier
-from hvdtrack.model.loss import weighted_bce_terms
-from hvdtrack.train.pipeline import (
-    PipelineConfig,
-    PipelinedClassifier,
+from hvdtrack.distributed.config import StagesConfig
+from hvdtrack.distributed.stages import (
+    StagedClassifier,
     bubble_fraction,
     split_batch,
     stage_steps,
 )
+from hvdtrack.errors import ConfigError
+from hvdtrack.inputs.pipeline import merge_graphs
+from hvdtrack.model.classifier import SegmentClassifier
+from hvdtrack.model.config import ModelConfig
+from hvdtrack.model.loss import weighted_bce_terms
 
 TRUE_WEIGHT, FAKE_WEIGHT = 2.0, 1.0
 
@@ -48,7 +49,7 @@ def test_bubble_fraction_is_gpipes():
 @pytest.mark.parametrize("key", ["stages", "micro_batches"])
 def test_bad_settings_are_refused_naming_the_key(key):
     with pytest.raises(ConfigError, match=f"'{key}'"):
-        PipelineConfig(**{key: 0})
+        StagesConfig(**{key: 0})
 
 
 def batch(sizes, seed=0):
@@ -72,7 +73,7 @@ def test_model_settings_the_stages_do_not_follow_are_refused(key, value):
 
     net = SegmentClassifier(dataclasses.replace(model().config, **{key: value}))
     with pytest.raises(ConfigError, match=f"'model.{key}'"):
-        PipelinedClassifier(net, PipelineConfig(2, 2), ["/CPU:0"] * 2)
+        StagedClassifier(net, StagesConfig(2, 2), ["/CPU:0"] * 2)
 
 
 def test_split_batch_cuts_whole_graphs_with_local_indices():
@@ -144,7 +145,7 @@ def test_pipelined_gradients_equal_sequential_ones(stages, micro_batches, factor
     graphs, labels = batch([(12, 20), (7, 9), (15, 30), (9, 11), (20, 25), (6, 4)], seed=stages)
     ref_loss, ref_weight, ref_grads = sequential(net, graphs, labels)
     # One device for every stage here; tests below run the stages on their own devices.
-    piped = PipelinedClassifier(net, PipelineConfig(stages, micro_batches), ["/CPU:0"] * stages)
+    piped = StagedClassifier(net, StagesConfig(stages, micro_batches), ["/CPU:0"] * stages)
 
     def run(graphs, labels):
         return piped.local_terms(graphs, labels, net.trainable_variables, TRUE_WEIGHT, FAKE_WEIGHT)
@@ -157,7 +158,7 @@ def test_pipelined_gradients_equal_sequential_ones(stages, micro_batches, factor
 
 def program() -> None:
     """Four logical CPU devices; prints max relative gradient differences and op devices."""
-    from hvdtrack.train.pipeline import stage_devices
+    from hvdtrack.distributed.stages import stage_devices
 
     devices = stage_devices(4)
     net = model(4)
@@ -165,7 +166,7 @@ def program() -> None:
     ref_loss, _, ref_grads = sequential(net, graphs, labels)
     out = {"devices": devices}
     for stages, micro_batches in [(4, 5)]:
-        piped = PipelinedClassifier(net, PipelineConfig(stages, micro_batches), devices[:stages])
+        piped = StagedClassifier(net, StagesConfig(stages, micro_batches), devices[:stages])
 
         @tf.function
         def run(graphs, labels, piped=piped):
@@ -189,7 +190,7 @@ def test_stages_on_their_own_logical_devices_give_the_sequential_gradients():
     from tests.launch import REPO, check, worker_env
 
     job = subprocess.run(
-        [sys.executable, "tests/train/test_pipeline.py"],
+        [sys.executable, "tests/train/test_stages.py"],
         cwd=REPO,
         env=worker_env(),
         capture_output=True,

@@ -1,7 +1,7 @@
 """Data x pipeline parallelism: 2 Horovod workers, each a 2-stage pipeline on its own 2 logical
 CPU devices; the allreduced pipelined gradients equal the sequential gradients of both batches.
 
-Runs this file as the workers' program: ``horovodrun -np 2 python tests/train/test_pipeline_horovod.py OUT``.
+Runs this file as the workers' program: ``horovodrun -np 2 python tests/train/test_stages_horovod.py OUT``.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ def program() -> None:
     import numpy as np
     import tensorflow as tf
 
-    from hvdtrack.train.config import DistributedConfig
-    from hvdtrack.train.distribute import make_workers
-    from hvdtrack.train.pipeline import PipelineConfig, PipelinedClassifier, stage_devices
-    from tests.train.test_pipeline import FAKE_WEIGHT, TRUE_WEIGHT, batch, model, sequential
+    from hvdtrack.distributed.config import DistributedConfig, StagesConfig
+    from hvdtrack.distributed.stages import StagedClassifier, stage_devices
+    from hvdtrack.distributed.workers import make_workers
+    from tests.train.test_stages import FAKE_WEIGHT, TRUE_WEIGHT, batch, model, sequential
 
     workers = make_workers(DistributedConfig(strategy="horovod", deadline_s=None))
     devices = stage_devices(2)  # before anything else starts TensorFlow
@@ -33,7 +33,7 @@ def program() -> None:
     batches = [batch(sizes, seed=10 + r) for r in range(workers.num_replicas)]
     net(batches[0][0])
     workers.broadcast_variables(net.trainable_variables)
-    piped = PipelinedClassifier(net, PipelineConfig(stages=2, micro_batches=4), devices)
+    piped = StagedClassifier(net, StagesConfig(num_stages=2, micro_batches=4), devices)
 
     @tf.function
     def local(graphs, labels):
@@ -70,7 +70,7 @@ def program() -> None:
 def test_two_pipelines_under_horovod_give_the_sequential_mean_gradient(tmp_path):
     from tests.launch import check, horovodrun
 
-    check(horovodrun(2, ["tests/train/test_pipeline_horovod.py", str(tmp_path)], "gloo", 400))
+    check(horovodrun(2, ["tests/train/test_stages_horovod.py", str(tmp_path)], "gloo", 400))
     for rank in (0, 1):
         row = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert row["workers"] == 2

@@ -1,4 +1,4 @@
-"""``distributed.pipeline`` in the run configuration and the Trainer: the keys, their refusals,
+"""``distributed.stages`` in the run configuration and the Trainer: the keys, their refusals,
 the resume rule, one step equal to the plain step's, and ``python -m hvdtrack.train`` with it."""
 
 from __future__ import annotations
@@ -9,63 +9,66 @@ import numpy as np
 import pytest
 
 from hvdtrack.config import config_to_dict, load_config
+from hvdtrack.distributed.config import StagesConfig
 from hvdtrack.errors import ConfigError
-from hvdtrack.train import rundir
-from hvdtrack.train.pipeline import PipelineConfig
+from hvdtrack.runs import rundir
 from tests.launch import REPO
 
 TINY = REPO / "configs/tiny.yaml"  # model.num_message_passing_steps: 2
 
 
 def test_the_section_defaults_to_no_pipeline_and_reads_its_keys():
-    assert load_config(TINY).distributed.pipeline == PipelineConfig(1, 1)
+    assert load_config(TINY).distributed.stages == StagesConfig(1, 1)
     config = load_config(
-        TINY, ["distributed.pipeline.stages=2", "distributed.pipeline.micro_batches=5"]
+        TINY, ["distributed.stages.num_stages=2", "distributed.stages.micro_batches=5"]
     )
-    assert config.distributed.pipeline == PipelineConfig(stages=2, micro_batches=5)
-    assert config_to_dict(config)["distributed"]["pipeline"] == {"stages": 2, "micro_batches": 5}
-    assert PipelineConfig(1, 4).run_info() is None
-    assert PipelineConfig(2, 5).run_info() == {"stages": 2, "micro_batches": 5}
+    assert config.distributed.stages == StagesConfig(num_stages=2, micro_batches=5)
+    assert config_to_dict(config)["distributed"]["stages"] == {"num_stages": 2, "micro_batches": 5}
+    assert StagesConfig(1, 4).run_info() is None
+    assert StagesConfig(2, 5).run_info() == {"num_stages": 2, "micro_batches": 5}
 
 
 @pytest.mark.parametrize(
     "overrides, message",
     [
         (
-            ["distributed.pipeline.stages=3"],
-            r"'distributed.pipeline.stages' \(3\) must be at most "
+            ["distributed.stages.num_stages=3"],
+            r"'distributed.stages.num_stages' \(3\) must be at most "
             r"model.num_message_passing_steps \(2\)",
         ),
         (
-            ["distributed.pipeline.stages=0"],
-            r"'distributed.pipeline.stages' must be an integer >= 1",
+            ["distributed.stages.num_stages=0"],
+            r"'distributed.stages.num_stages' must be an integer >= 1",
         ),
         (
-            ["distributed.pipeline.micro_batches=0"],
-            r"'distributed.pipeline.micro_batches' must be an integer >= 1",
-        ),
-        (["distributed.pipeline.stages=two"], r"'distributed.pipeline.stages' must be an integer"),
-        (
-            ["distributed.pipeline.stage=2"],
-            r"unknown key 'distributed.pipeline.stage' \(did you mean 'distributed.pipeline.stages'",
+            ["distributed.stages.micro_batches=0"],
+            r"'distributed.stages.micro_batches' must be an integer >= 1",
         ),
         (
-            ["distributed.pipeline.stages=2", "distributed.strategy=mirrored"],
-            r"'distributed.pipeline.stages' 2 needs distributed.strategy local or horovod .*"
+            ["distributed.stages.num_stages=two"],
+            r"'distributed.stages.num_stages' must be an integer",
+        ),
+        (
+            ["distributed.stages.num_stage=2"],
+            r"unknown key 'distributed.stages.num_stage' \(did you mean 'distributed.stages.num_stages'",
+        ),
+        (
+            ["distributed.stages.num_stages=2", "distributed.strategy=mirrored"],
+            r"'distributed.stages.num_stages' 2 needs distributed.strategy local or horovod .*"
             r"not mirrored",
         ),
         (
-            ["distributed.pipeline.stages=2", "distributed.strategy=multiworker"],
-            r"'distributed.pipeline.stages' 2 needs distributed.strategy local or horovod .*"
+            ["distributed.stages.num_stages=2", "distributed.strategy=multiworker"],
+            r"'distributed.stages.num_stages' 2 needs distributed.strategy local or horovod .*"
             r"not multiworker",
         ),
         (
-            ["distributed.pipeline.stages=2", "model.recompute=true"],
-            r"'distributed.pipeline.stages' 2 needs model.recompute=false",
+            ["distributed.stages.num_stages=2", "model.recompute=true"],
+            r"'distributed.stages.num_stages' 2 needs model.recompute=false",
         ),
         (
-            ["distributed.pipeline.stages=2", "model.precision=bfloat16"],
-            r"'distributed.pipeline.stages' 2 needs model.precision=float32",
+            ["distributed.stages.num_stages=2", "model.precision=bfloat16"],
+            r"'distributed.stages.num_stages' 2 needs model.precision=float32",
         ),
     ],
 )
@@ -80,14 +83,14 @@ def test_what_a_pipeline_runs_with_is_accepted(strategy):
     config = load_config(
         TINY,
         [
-            "distributed.pipeline.stages=2",
-            "distributed.pipeline.micro_batches=7",  # more than train.batch_graphs: some empty
+            "distributed.stages.num_stages=2",
+            "distributed.stages.micro_batches=7",  # more than train.batch_graphs: some empty
             f"distributed.strategy={strategy}",
             "train.subgraphs.enabled=true",
             "distributed.backward_passes_per_step=2",
         ],
     )
-    assert config.distributed.pipeline.stages == 2
+    assert config.distributed.stages.num_stages == 2
     # one stage is no pipeline: whatever the strategy or the model's precision
     load_config(TINY, ["distributed.strategy=mirrored", "model.recompute=true"])
 
@@ -96,10 +99,10 @@ def test_a_resume_may_change_the_pipeline_but_not_the_model(tmp_path):
     plain = load_config(TINY)
     previous = {"config": config_to_dict(plain), "num_workers": 1, "dataset_digest": "d"}
     piped = load_config(
-        TINY, ["distributed.pipeline.stages=2", "distributed.pipeline.micro_batches=3"]
+        TINY, ["distributed.stages.num_stages=2", "distributed.stages.micro_batches=3"]
     )
     rundir.check_resume(tmp_path, previous, piped, 1, None, "d")  # same gradients: resumable
-    changed = load_config(TINY, ["distributed.pipeline.stages=2", "model.output_head=[8]"])
+    changed = load_config(TINY, ["distributed.stages.num_stages=2", "model.output_head=[8]"])
     with pytest.raises(ConfigError, match="model.output_head"):
         rundir.check_resume(tmp_path, previous, changed, 1, None, "d")
 
@@ -124,7 +127,7 @@ def test_a_pipelined_trainer_step_equals_the_plain_one(tiny_config, overrides):
     plain = Trainer(tiny_config(*overrides))
     piped = Trainer(
         tiny_config(
-            *overrides, "distributed.pipeline.stages=2", "distributed.pipeline.micro_batches=2"
+            *overrides, "distributed.stages.num_stages=2", "distributed.stages.micro_batches=2"
         )
     )
     assert plain.pipeline is None and len(piped.pipeline.devices) == 2
@@ -156,8 +159,8 @@ def test_train_command_with_a_pipeline_records_it(tiny_dataset, tmp_path):
     args = tiny_training(
         tiny_dataset,
         run_dir,
-        "distributed.pipeline.stages=2",
-        "distributed.pipeline.micro_batches=2",
+        "distributed.stages.num_stages=2",
+        "distributed.stages.micro_batches=2",
         strategy="local",
     )
     job = subprocess.run(
@@ -171,9 +174,9 @@ def test_train_command_with_a_pipeline_records_it(tiny_dataset, tmp_path):
     check(job)
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "finished" and info["strategy"] == "local"
-    assert info["pipeline"] == {"stages": 2, "micro_batches": 2}
+    assert info["stages"] == {"num_stages": 2, "micro_batches": 2}
     assert info["input_mode"] == "graphs"
-    assert info["config"]["distributed"]["pipeline"] == {"stages": 2, "micro_batches": 2}
+    assert info["config"]["distributed"]["stages"] == {"num_stages": 2, "micro_batches": 2}
     val_edges = int(open_dataset(tiny_dataset).split_table("val").num_edges.sum())
     assert info["metrics"]["num_edges"] == val_edges  # validated on whole graphs
     assert np.isfinite(info["metrics"]["loss"])

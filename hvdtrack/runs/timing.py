@@ -5,7 +5,7 @@ is the one definition of their format. A run directory holds two files written b
 (rank 0) after gathering every rank's records:
 
 - ``run.json``: the run's description (``info``): worker count, batches, status, metrics, energy,
-  the resolved config. Built with ``hvdtrack.train.runinfo.make_run_info``; extra keys are
+  the resolved config. Built with ``hvdtrack.runs.runinfo.make_run_info``; extra keys are
   kept and ignored.
 - ``timing.jsonl``: one JSON object per line, a header ``{"kind": "header", "schema": 2}`` then
   ``{"kind": "step", ...StepRecord fields}`` and ``{"kind": "epoch", ...EpochRecord fields}``.
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 from hvdtrack.errors import DataError
-from hvdtrack.train.runinfo import (
+from hvdtrack.runs.runinfo import (
     check_run_info,
     plain,
     read_bool,

@@ -19,7 +19,7 @@ from typing import Mapping
 
 from hvdtrack.config import Config
 from hvdtrack.errors import ConfigError, DataError
-from hvdtrack.prepare import PREPARE_INFO, prepare_dataset, up_to_date
+from hvdtrack.prepare.jobs import PREPARE_INFO, prepare_dataset, up_to_date
 from hvdtrack.records.manifest import MANIFEST_NAME
 
 # In order: horovodrun --gloo; mpirun / horovodrun --mpi with Open MPI; MPICH / Intel MPI (Hydra)
