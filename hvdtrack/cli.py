@@ -21,7 +21,7 @@ class Command(NamedTuple):
 
 COMMANDS = {
     "prepare": Command(
-        "hvdtrack.prepare",
+        "hvdtrack.prepare.__main__",
         "events (synthetic or TrackML CSV) -> hit graphs -> TFRecord shards + manifest",
     ),
     "train": Command(
@@ -29,7 +29,7 @@ COMMANDS = {
         "train the segment classifier (local, horovod, mirrored or multiworker)",
     ),
     "evaluate": Command(
-        "hvdtrack.evaluate",
+        "hvdtrack.evaluate.__main__",
         "a trained run on a split: edge metrics, tracks, TrackML score, plots",
     ),
     "scaling": Command(

@@ -52,7 +52,7 @@ class DataConfig:
     ``prepare_timeout_s``: when ``hvdtrack train`` finds no (up-to-date) dataset, rank 0 prepares
     it and the other ranks wait at most this long for it before giving up; preparation itself
     gives up when no event finishes within it (a stuck worker). Neither it nor ``workers``
-    changes the dataset (``hvdtrack.prepare.up_to_date`` ignores them).
+    changes the dataset (``hvdtrack.prepare.jobs.up_to_date`` ignores them).
     """
 
     source: Literal["synthetic", "trackml"] = "synthetic"

@@ -16,7 +16,7 @@ import pytest
 
 from hvdtrack.config import load_config
 from hvdtrack.graphs.construction import HitGraph
-from hvdtrack.prepare.jobs import prepare_dataset
+from hvdtrack.prepare.local import prepare_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 

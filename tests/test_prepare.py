@@ -14,7 +14,8 @@ import pytest
 
 from hvdtrack.config import load_config
 from hvdtrack.errors import DataError
-from hvdtrack.prepare.jobs import prepare_dataset, stale_reason, up_to_date
+from hvdtrack.prepare.jobs import stale_reason, up_to_date
+from hvdtrack.prepare.local import prepare_dataset
 from tests.launch import REPO, worker_env
 
 

@@ -23,12 +23,15 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from hvdtrack.runs.timing import read_run
+from hvdtrack.runs.timing import Run, read_run
 from hvdtrack.scaling import maths
 from hvdtrack.scaling.sweep import plan_sweep, run_sweep
 
+# (strategy, its 1-worker run, its 2-worker run)
+STRATEGIES = (("horovod", "np1", "np2"), ("mirrored", "mirrored1", "mirrored2"))
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="hvdtrack bench distributed", description=__doc__.splitlines()[0]
     )
@@ -48,9 +51,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         action="store_true",
         help="train nothing: compute the figures from the run directories already in --out",
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    out = Path(args.out)
+
+def common_overrides(args: argparse.Namespace) -> list[str]:
+    """The config overrides of every run."""
     common = [
         f"train.epochs={args.epochs}",
         "train.progress_bar=false",
@@ -59,51 +64,69 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ]
     if args.max_steps:
         common.append(f"train.max_steps_per_epoch={args.max_steps}")
+    return common
 
-    def train(run_dir: Path, *overrides: str) -> Path:
-        command = [sys.executable, "-m", "hvdtrack.train", "--config", args.config, *common]
-        command += [*overrides, f"train.run_dir={run_dir}", "train.resume=false"]
-        if not args.report_only:
-            subprocess.run(command, check=True)
-        return run_dir
 
+def train(args: argparse.Namespace, common: Sequence[str], run_dir: Path, *overrides: str) -> Path:
+    """Trains one run into ``run_dir`` (nothing with --report-only); returns ``run_dir``."""
+    command = [sys.executable, "-m", "hvdtrack.train", "--config", args.config, *common]
+    command += [*overrides, f"train.run_dir={run_dir}", "train.resume=false"]
+    if not args.report_only:
+        subprocess.run(command, check=True)
+    return run_dir
+
+
+def single_process_runs(args: argparse.Namespace, common: Sequence[str]) -> dict[str, Path]:
+    """Prepares the dataset, then the local and mirrored runs; their run directories by name."""
     if not args.report_only:
         subprocess.run(
             [sys.executable, "-m", "hvdtrack.prepare", "--config", args.config, "--no-progress"],
             check=True,
         )
-    g = args.global_batch
+    out, g = Path(args.out), args.global_batch
     dirs = {
-        "local": train(out / "local", "distributed.strategy=local", f"train.batch_graphs={g}"),
+        "local": train(
+            args, common, out / "local", "distributed.strategy=local", f"train.batch_graphs={g}"
+        ),
     }
     for n in (1, 2):
         # One process feeding n replicas: n threads in all, one per replica.
         dirs[f"mirrored{n}"] = train(
+            args,
+            common,
             out / f"mirrored{n}",
             "distributed.strategy=mirrored",
             f"distributed.num_cpu_devices={n}",
             f"distributed.threads_per_worker={n}",
             f"train.batch_graphs={g // n}",
         )
+    return dirs
+
+
+def horovod_runs(args: argparse.Namespace, common: Sequence[str]) -> dict[str, Path]:
+    """The horovodrun -np 1 and -np 2 runs (a strong-scaling sweep); their run directories."""
     plan = plan_sweep(
         "strong",
         (1, 2),
         args.config,
-        out / "sweep",
+        Path(args.out) / "sweep",
         global_batch=args.global_batch,
         controller=args.controller,
         overrides=[*common, "train.resume=false"],
     )
     if not args.report_only:
         run_sweep(plan, skip_prepare=True)
-    dirs.update({f"np{n}": plan.run_dir(n) for n in plan.nps})
-    runs = {name: read_run(path) for name, path in sorted(dirs.items())}
+    return {f"np{n}": plan.run_dir(n) for n in plan.nps}
+
+
+def measure(args: argparse.Namespace, runs: dict[str, Run]) -> dict:
+    """The figures of the runs: epoch, median step and step-sum times, and Horovod's overhead."""
     epoch = {name: maths.epoch_time(run) for name, run in runs.items()}
     step = {
         name: float(maths.step_statistics(maths.step_times(run))["median"])
         for name, run in runs.items()
     }
-    figures = {
+    return {
         "config": args.config,
         "global_batch_graphs": args.global_batch,
         "epochs": args.epochs,
@@ -112,20 +135,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "edges_per_epoch": runs["np1"].info.get("edges_processed", 0) / max(args.epochs, 1),
         "horovod_overhead_epoch": (epoch["np1"] - epoch["local"]) / epoch["local"],
         "horovod_overhead_step": (step["np1"] - step["local"]) / step["local"],
+        "epoch_step_sum_s": {name: maths.epoch_step_time(run) for name, run in runs.items()},
     }
-    lines = [
+
+
+def table_lines(args: argparse.Namespace, figures: dict) -> list[str]:
+    """The heading and the table of times per run."""
+    epoch, sums, step = (figures[k] for k in ("epoch_s", "epoch_step_sum_s", "median_step_s"))
+    return [
         f"\nSame global work ({args.global_batch} graphs/step), one thread per worker, "
         f"{args.epochs} epochs (first excluded):",
         f"  {'run':<10}{'epoch s':>10}{'step sum s':>12}{'median step s':>16}",
         *(
-            f"  {name:<10}{epoch[name]:>10.2f}{maths.epoch_step_time(runs[name]):>12.2f}"
-            f"{step[name]:>16.4f}"
-            for name in runs
+            f"  {name:<10}{epoch[name]:>10.2f}{sums[name]:>12.2f}{step[name]:>16.4f}"
+            for name in epoch
         ),
     ]
-    sums = {name: maths.epoch_step_time(run) for name, run in runs.items()}
-    figures["epoch_step_sum_s"] = sums
-    for strategy, one, two in (("horovod", "np1", "np2"), ("mirrored", "mirrored1", "mirrored2")):
+
+
+def efficiency_lines(figures: dict) -> list[str]:
+    """Adds each strategy's strong-scaling efficiencies to ``figures``; their lines, then
+    Horovod's overhead."""
+    epoch, sums, step = (figures[k] for k in ("epoch_s", "epoch_step_sum_s", "median_step_s"))
+    lines = []
+    for strategy, one, two in STRATEGIES:
         on_epochs = maths.efficiency("strong", epoch[one], epoch[two], 2)
         on_sums = maths.efficiency("strong", sums[one], sums[two], 2)
         on_medians = maths.efficiency("strong", step[one], step[two], 2)
@@ -141,6 +174,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"  Horovod overhead on one rank: {100 * figures['horovod_overhead_epoch']:+.1f}% on "
         f"epochs ({100 * figures['horovod_overhead_step']:+.1f}% on steps)"
     )
+    return lines
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    common = common_overrides(args)
+    dirs = single_process_runs(args, common)
+    dirs.update(horovod_runs(args, common))
+    runs = {name: read_run(path) for name, path in sorted(dirs.items())}
+    figures = measure(args, runs)
+    lines = [*table_lines(args, figures), *efficiency_lines(figures)]
     print("\n".join(lines))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=2))

@@ -5,10 +5,10 @@
     python -m hvdtrack.bench model --memory --nodes 1250 5000 20000 80000 --edges 10000 40000 160000 640000
     python -m hvdtrack.bench model --memory-budget 4GiB --set model.recompute=true
 
-The step is the ``Trainer``'s (``hvdtrack.train.trainer``): the configuration ``--config``
+The step is the one ``hvdtrack train`` runs (``hvdtrack.train.step.TrainStep``): the configuration ``--config``
 (default: the packaged default) with local workers and ``--set`` overrides (``model.KEY=VALUE``,
 ``train.KEY=VALUE``; a bare ``KEY=VALUE`` is a model key), the same model, optimizer, gradient
-exchange and compiled parts (local, exchange, apply), run by ``Trainer.step`` on one synthetic graph
+exchange and compiled parts (local, exchange, apply), run by ``TrainStep.run`` on one synthetic graph
 per step (random features and endpoints). TensorFlow's intra-op threads are ``--threads``
 (``distributed.threads_per_worker``; 0: every core this process may use).
 
@@ -41,13 +41,13 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from hvdtrack.bench.profile import CATEGORIES, breakdown, profile_ops
 from hvdtrack.entry import TRAINING, start
 from hvdtrack.errors import ConfigError, HvdtrackError
 
 NUM_NODE_FEATURES = 3  # the record schema's [r, phi, z]
 NUM_EDGE_FEATURES = 4  # [dr, dphi, dz, deta]
 EDGES_PER_NODE = 8  # of the bisection's graphs
-CATEGORIES = ("matmul", "gather", "segment sum", "layer norm", "optimizer", "other")
 
 
 @dataclasses.dataclass
@@ -158,13 +158,24 @@ def _config(args: argparse.Namespace):
 
 
 def _trainer(args: argparse.Namespace):
-    """The configured Trainer (its Workers set TensorFlow's threads before any op runs)."""
+    """The configured training step (``TrainStep``) over a fresh state, built from the same
+    pieces as ``hvdtrack train``'s; its Workers set TensorFlow's threads before any op runs.
+    No dataset: a constant learning rate at the configured (scaled) peak."""
     config = _config(args)
-    from hvdtrack.train.trainer import Trainer
+    from hvdtrack.distributed.workers import make_workers
+    from hvdtrack.train.optimizer import Schedule, scaled_learning_rate
+    from hvdtrack.train.state import TrainState
+    from hvdtrack.train.step import TrainStep
+    from hvdtrack.train.trainer import make_stage_devices_for
 
-    trainer = Trainer(config, dataset=False)
-    trainer.compile()
-    return trainer
+    tc = config.train
+    devices = make_stage_devices_for(config)
+    workers = make_workers(config.distributed)
+    peak = scaled_learning_rate(tc.learning_rate, workers.num_replicas, tc.lr_scaling)
+    schedule = Schedule(peak=peak, warmup_steps=0, total_steps=1, decay="none")
+    step = TrainStep(config, workers, TrainState(config, workers, schedule), devices)
+    step.compile()
+    return step
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -197,7 +208,7 @@ def _run(args: argparse.Namespace) -> int:
         record = dict(nodes=num_nodes, edges=num_edges, flops=flops)
         record.update(step=dataclasses.asdict(timing), matmuls=dataclasses.asdict(matmuls))
         if args.breakdown:
-            seconds = breakdown(profile_ops(step), trainer.optimizer.name)
+            seconds = breakdown(profile_ops(step), trainer.state.optimizer.name)
             total = sum(seconds.values())
             print(f"op time of one step: {total * 1e3:.1f} ms")
             for name in CATEGORIES:
@@ -222,7 +233,7 @@ def _write_json(args, config, records) -> None:
 
 def _step_fn(trainer, graphs, labels) -> Callable[[], object]:
     batches = itertools.repeat([(graphs, labels)])
-    return lambda: trainer.step(batches)
+    return lambda: trainer.run(batches)
 
 
 def synthetic_graph(num_nodes: int, num_edges: int, seed: int = 0):
@@ -293,75 +304,6 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0):
     return lambda: matmuls().numpy()
 
 
-def profile_ops(fn: Callable[[], object]) -> list[tuple[str, float]]:
-    """(op name ``scope/name:Type``, seconds) of every op one call of ``fn`` ran (TF profiler).
-
-    Raises:
-      HvdtrackError: when the profiler's trace format cannot be read (not a public API).
-    """
-    import glob
-    import tempfile
-
-    import tensorflow as tf
-
-    try:
-        from tensorflow.tsl.profiler.protobuf import xplane_pb2
-    except ImportError:
-        raise HvdtrackError(
-            "this TensorFlow has no readable profiler trace; drop --breakdown"
-        ) from None
-    fn()
-    space = xplane_pb2.XSpace()
-    with tempfile.TemporaryDirectory() as logdir:
-        tf.profiler.experimental.start(logdir)
-        try:
-            fn()
-        finally:
-            tf.profiler.experimental.stop()
-        for path in glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True):
-            with open(path, "rb") as f:
-                space.ParseFromString(f.read())
-    ops = []
-    for plane in space.planes:
-        for line in plane.lines:
-            if not line.name.startswith("tf_Compute"):
-                continue
-            for event in line.events:
-                name = plane.event_metadata[event.metadata_id].name
-                if ":" in name and "::" not in name:  # executor bookkeeping has no op type
-                    ops.append((name, event.duration_ps * 1e-12))
-    return ops
-
-
-def op_category(name: str, optimizer_scope: str) -> str:
-    """The class of op ``scope/name:Type`` in the breakdown (one of ``CATEGORIES``).
-
-    >>> op_category("gradient_tape/segment_classifier/edge_update/MatMul_1:MatMul", "adam")
-    'matmul'
-    """
-    scope, _, op_type = name.rpartition(":")
-    if "MatMul" in op_type:
-        return "matmul"
-    if scope.startswith(optimizer_scope + "/") or f"/{optimizer_scope}/" in scope:
-        return "optimizer"
-    if "layer_norm" in scope:
-        return "layer norm"
-    if "Gather" in op_type:
-        return "gather"
-    if "SegmentSum" in op_type:
-        return "segment sum"
-    return "other"
-
-
-def breakdown(ops: list[tuple[str, float]], optimizer_scope: str) -> dict[str, float]:
-    """Seconds per op class (``CATEGORIES``) of a profiled step."""
-    seconds = dict.fromkeys(CATEGORIES, 0.0)
-    for name, duration in ops:
-        seconds[op_category(name, optimizer_scope)] += duration
-    return seconds
-
-
-# ----------------------------------------------------------------------------- memory
 def _probe(args: argparse.Namespace) -> int:
     """One size in this fresh process: prints one JSON line of memory figures."""
     import tensorflow as tf

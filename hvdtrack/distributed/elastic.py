@@ -128,7 +128,7 @@ class _RunState:
 
     def save(self) -> None:
         fit = self.fit
-        self._values = [v.numpy() for v in fit.t.state_variables()]
+        self._values = [v.numpy() for v in fit.t.state.variables_to_sync()]
         self._records = _Records(
             list(fit.prior_steps),
             list(fit.prior_epochs),
@@ -143,7 +143,7 @@ class _RunState:
     def restore(self) -> None:
         if self.interrupted_at is None:  # a failure that Horovod raised itself
             self.interrupted(lost=True)
-        for var, value in zip(self.fit.t.state_variables(), self._values):
+        for var, value in zip(self.fit.t.state.variables_to_sync(), self._values):
             var.assign(value)
         self._adopt(self._records)
         self.fit.steps, self.fit.epochs = [], []  # of the interrupted epoch: it runs again
@@ -166,7 +166,7 @@ class _RunState:
     def sync(self) -> None:
         """Every worker takes rank 0's state and records (a worker that joined has neither)."""
         fit = self.fit
-        fit.workers.broadcast_variables(fit.t.state_variables())
+        fit.workers.broadcast_variables(fit.t.state.variables_to_sync())
         self._records.resets = list(fit.resets)  # with the restart that led here
         mine = dataclasses.asdict(self._records) if fit.workers.is_chief else None
         records = self.hvd.broadcast_object(mine, root_rank=0, name="elastic_records")
@@ -177,7 +177,7 @@ class _RunState:
 
     def _report_restart(self) -> None:
         fit = self.fit
-        epoch = int(fit.t.epoch.numpy())
+        epoch = int(fit.t.state.epoch.numpy())
         restart = time.monotonic() - self.interrupted_at
         fit.resets.append(
             {

@@ -4,7 +4,8 @@ prepared on first use - by exactly one rank, before Horovod, MPI or tf.distribut
 Forking the preparation's process pool after ``hvd.init`` (or MPI_Init) is unsafe, and a rank that
 waits minutes at a Horovod collective triggers stall warnings; so the rank comes from the
 environment variables the launchers set (nothing is initialised), rank 0 prepares the dataset with
-``hvdtrack.prepare.prepare_dataset``, and the other ranks poll the file system until it is complete.
+``hvdtrack.prepare.local.prepare_dataset``, and the other ranks poll the file system until it is
+complete.
 
 Public symbols: ``launcher_rank``, ``dataset_status``, ``ensure_dataset``, ``wait_for_dataset``.
 """
@@ -19,7 +20,8 @@ from typing import Mapping
 
 from hvdtrack.config import Config
 from hvdtrack.errors import ConfigError, DataError
-from hvdtrack.prepare.jobs import PREPARE_INFO, prepare_dataset, up_to_date
+from hvdtrack.prepare.jobs import PREPARE_INFO, up_to_date
+from hvdtrack.prepare.local import prepare_dataset
 from hvdtrack.records.manifest import MANIFEST_NAME
 
 # In order: horovodrun --gloo; mpirun / horovodrun --mpi with Open MPI; MPICH / Intel MPI (Hydra)

@@ -11,4 +11,12 @@ A worker process that dies (the out-of-memory killer, ``kill -9``) or an event t
 Under ``mpirun -np N python -m hvdtrack.prepare ...`` (or ``srun --mpi=...``) the ranks share the
 events, each with its own worker pool, and write the same dataset byte for byte as one process
 (``hvdtrack.prepare.mpi``); a rank that fails or stops ends every rank with an error naming it.
+
+Modules, each importing only those below it:
+
+- ``__main__``: the command (``parser``, ``main``).
+- ``local``: ``prepare_dataset``, in one process; ``mpi``: ``prepare_dataset_mpi``, over MPI ranks.
+- ``report``: the construction report (report.md, report.json, prepare.json).
+- ``jobs``: the shared steps - event jobs, the worker pool with its deadlines, the checks that a
+  directory may be replaced and that a dataset is up to date (``up_to_date``, ``stale_reason``).
 """

@@ -6,14 +6,13 @@ import argparse
 import sys
 from typing import Sequence
 
+from hvdtrack.config import load_config, packaged_configs, resolve_config_path
 from hvdtrack.entry import run
-from hvdtrack.prepare.jobs import prepare_dataset
+from hvdtrack.prepare.local import prepare_dataset
 from hvdtrack.prepare.mpi import Late, mpi_world, prepare_dataset_mpi
 
 
 def parser() -> argparse.ArgumentParser:
-    from hvdtrack.config import packaged_configs
-
     p = argparse.ArgumentParser(prog="hvdtrack prepare", description=__doc__.splitlines()[0])
     p.add_argument(
         "--config",
@@ -29,8 +28,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from hvdtrack.config import load_config, resolve_config_path
-
     args = parser().parse_args(argv)
     config = load_config(resolve_config_path(args.config), args.overrides)
     comm = mpi_world()  # None unless started by mpirun/srun among other ranks

@@ -1,49 +1,45 @@
 """``mpirun -np N python -m hvdtrack.prepare``: the ranks of an MPI job share dataset preparation.
 
-``hvdtrack.prepare.main`` calls ``prepare_dataset_mpi`` when ``mpi_world`` finds an MPI launcher
-among other ranks; the result is the dataset one process writes (``hvdtrack.prepare``), byte for
-byte.
+``hvdtrack.prepare.__main__.main`` calls ``prepare_dataset_mpi`` when ``mpi_world`` finds an MPI
+launcher among other ranks; the result is the dataset one process writes
+(``hvdtrack.prepare.local.prepare_dataset``), byte for byte.
 
-Public symbols: ``mpi_world``, ``prepare_dataset_mpi``, ``Late``.
+Rank 0 decides and lists the events; every rank builds the graphs of its share (with its own
+pool of its CPUs) into a scratch file of the staging directory; rank 0 plans the shards exactly
+as one process would (``plan_shards`` over the graphs in job order) and hands whole shards to
+ranks, which copy their records out of the scratch files; rank 0 writes the manifest and swaps
+the directory in. The staging directory must be on a file system every rank sees (as the
+dataset must be for training anyway).
+
+Public symbols: ``mpi_world``, ``prepare_dataset_mpi``, ``Late``, ``LAUNCHER_VARIABLES``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
+import functools
 import os
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import IO, Any, Callable, Iterator, Mapping
 
+from hvdtrack.config import Config
 from hvdtrack.errors import ConfigError, DataError, HvdtrackError
 from hvdtrack.prepare.jobs import (
-    PREPARE_INFO,
-    _bar,
-    _check_replaceable,
-    _count,
-    _event_jobs,
-    _report_row,
-    _run,
-    _write_report,
-    stale_reason,
+    EventJob,
+    SplitJobs,
+    kept_report,
+    process_events,
+    split_jobs,
     usable_cpus,
 )
+from hvdtrack.prepare.report import Counts, add_row, empty_counts, report_row, write_report
 from hvdtrack.records.manifest import GraphInfo, Manifest, ShardInfo
-from hvdtrack.records.shards import plan_shards, split_events, write_shard_file
+from hvdtrack.records.shards import plan_shards, write_shard_file
+from hvdtrack.utils.console import counter
 from hvdtrack.utils.io import Staged
-
-if TYPE_CHECKING:
-    from hvdtrack.config import Config
-
-# `mpirun -np N python -m hvdtrack.prepare`: rank 0 decides and lists the events; every rank
-# builds the graphs of its share (with its own pool of its CPUs) into a scratch file of the
-# staging directory; rank 0 plans the shards exactly as one process would (plan_shards over
-# the graphs in job order) and hands whole shards to ranks, which copy their records out of the
-# scratch files; rank 0 writes the manifest and swaps the directory in. The staging directory
-# must be on a file system every rank sees (as the dataset must be for training anyway).
 
 # Variables by which MPI launchers announce a rank: Open MPI's mpirun, Hydra (MPICH, Intel
 # MPI) and srun --mpi=pmi2, PMIx (srun --mpi=pmix).
@@ -174,10 +170,14 @@ class _Stored:
     position: int  # graph index within the event
     split: str
     info: GraphInfo
-    row: tuple[int, ...]  # _report_row
+    row: tuple[int, ...]  # report_row
     rank: int
     offset: int
     length: int
+
+
+# A shard for one rank to write: its file name and its records as (rank, offset, length).
+_Task = tuple[str, list[tuple[int, int, int]]]
 
 
 def prepare_dataset_mpi(config: Config, comm, force: bool = False, progress: bool = True) -> dict:
@@ -192,159 +192,207 @@ def prepare_dataset_mpi(config: Config, comm, force: bool = False, progress: boo
       DataError / ConfigError: on every rank, naming the rank that failed; nothing changed.
       Late: a rank missed a deadline (``main`` then aborts the job).
     """
-    data = config.data
-    target = Path(data.dataset_dir)
-    ranks = _Ranks(comm, target)
-    rank, size = ranks.rank, ranks.size
-    timeout = data.prepare_timeout_s
-    mine: dict[str, Any] = {}  # rank 0's plan, kept between steps
+    ranks = _Ranks(comm, Path(config.data.dataset_dir))
+    timeout = config.data.prepare_timeout_s
     with Staged() as staged:
+        steps = _Steps(config, ranks.rank, ranks.size, staged, force, progress)
         # 1. Rank 0 keeps an up-to-date dataset, refuses a directory it did not write, or makes
         #    the staging directory and deals out the events (round robin in job order).
-        def start():
-            if rank != 0:
-                return None
-            reason = stale_reason(config)
-            if not force and reason is None:
-                print(f"[prepare] {target} is up to date (same data config)", flush=True)
-                return json.loads((target / PREPARE_INFO).read_text())["report"]
-            _check_replaceable(target)
-            if not force and (target / PREPARE_INFO).is_file():
-                print(f"[prepare] rebuilding {target}: {reason}", flush=True)
-            out = staged.path(target, directory=True)
-            jobs = _event_jobs(data, out / "events")
-            splits = split_events([j.event_id for j in jobs], data.records)
-            split_of = {int(e): name for name, ids in splits.items() for e in ids}
-            jobs = [j for j in jobs if j.event_id in split_of]
-            mine.update(out=out, jobs=jobs, splits=splits, started=time.perf_counter())
-            print(f"[prepare] {len(jobs)} events on {size} MPI ranks", flush=True)
-            return None
-
-        def deal(results):
-            if "out" not in mine:  # up to date: every rank returns the stored report
-                return [("report", results[0])] * size
-            jobs = list(enumerate(mine["jobs"]))
-            share = -(-len(jobs) // size)
-            split_of = {int(e): name for name, ids in mine["splits"].items() for e in ids}
-            return [("build", mine["out"], jobs[r::size], split_of, share) for r in range(size)]
-
-        reply = ranks.step(1, start, deal, timeout)
+        reply = ranks.step(1, steps.start, steps.deal_events, timeout)
         if reply[0] == "report":
             return reply[1]
         _, out, my_jobs, split_of, share = reply
-
         # 2. Every rank builds its events' graphs into its scratch file; rank 0 puts them in
         #    one-process order and plans the shards as one process would.
-        def build():
-            if not out.is_dir():
-                raise DataError(
-                    f"the staging directory {out} that rank 0 made is not visible here: the "
-                    "dataset directory must be on a file system every rank shares"
-                )
-            workers = max(1, min(data.workers or usable_cpus(), len(my_jobs)))
-            stored: list[_Stored] = []
-            bar = _bar(progress and rank == 0, len(my_jobs))
-            results = _run([job for _, job in my_jobs], workers, timeout, target)
-            with open(out / _scratch_name(rank), "wb") as f, contextlib.closing(results):
-                for (job, _), (event_id, encoded, segments) in zip(my_jobs, results):
-                    for position, (graph, segment_counts) in enumerate(zip(encoded, segments)):
-                        stored.append(
-                            _Stored(
-                                job,
-                                position,
-                                split_of[event_id],
-                                graph.info,
-                                _report_row(graph.info, segment_counts),
-                                rank,
-                                f.tell(),
-                                len(graph.example),
-                            )
-                        )
-                        f.write(graph.example)
-                    bar.update(1)
-                bar.close()
-            return stored, workers
-
-        def plan(results):
-            stored = sorted(
-                (s for entries, _ in results for s in entries), key=lambda s: (s.job, s.position)
-            )
-            mine["workers"] = sum(workers for _, workers in results)
-            mine["counts"] = counts = {name: [[], [], [], [], []] for name in mine["splits"]}
-            mine["shards"] = shards = {}
-            tasks: list[list] = [[] for _ in range(size)]
-            for split in data.records.split_names:
-                graphs = [s for s in stored if s.split == split]
-                for s in graphs:
-                    _count(counts[split], s.row)
-                for index, (name, members) in enumerate(
-                    plan_shards(len(graphs), split, data.records)
-                ):
-                    chosen = [graphs[int(g)] for g in members]
-                    shards[name] = (split, index, tuple(s.info for s in chosen))
-                    tasks[len(shards) % size].append(
-                        (name, [(s.rank, s.offset, s.length) for s in chosen])
-                    )
-            most = max(len(t) for t in tasks)
-            return [(t, most) for t in tasks]
-
-        my_tasks, most = ranks.step(2, build, plan, (share + 1) * timeout)
-
+        build = functools.partial(steps.build, out, my_jobs, split_of)
+        my_tasks, most = ranks.step(2, build, steps.deal_shards, (share + 1) * timeout)
         # 3. Every rank writes whole shards from the scratch files; rank 0 writes the manifest
         #    and the report, then swaps the dataset in.
-        def write():
-            written = []
-            with contextlib.ExitStack() as files:
-                scratch: dict[int, Any] = {}
+        write = functools.partial(steps.write, out, my_tasks)
+        return ranks.step(3, write, steps.finish, (most + 1) * timeout)
 
-                def examples(members):
-                    for source, offset, length in members:
-                        if source not in scratch:
-                            scratch[source] = files.enter_context(
-                                open(out / _scratch_name(source), "rb")
-                            )
-                        scratch[source].seek(offset)
-                        yield scratch[source].read(length)
 
-                for name, members in my_tasks:
-                    sha256, num_bytes = write_shard_file(
-                        out / name, examples(members), data.records.compression
+@dataclasses.dataclass
+class _Plan:
+    """Rank 0's view of the build, kept between the steps."""
+
+    out: Path  # the staging directory
+    events: SplitJobs
+    started: float  # time.perf_counter() at the start
+    workers: int = 0  # over all ranks
+    counts: Counts = dataclasses.field(default_factory=dict)
+    # shard file name -> (split, index in the split, its graphs)
+    shards: dict[str, tuple[str, int, tuple[GraphInfo, ...]]] = dataclasses.field(
+        default_factory=dict
+    )
+
+
+class _Steps:
+    """The work of each step on this rank, and rank 0's answers (``_Ranks.step``)."""
+
+    def __init__(
+        self, config: Config, rank: int, size: int, staged: Staged, force: bool, progress: bool
+    ) -> None:
+        self.config, self.data = config, config.data
+        self.target = Path(config.data.dataset_dir)
+        self.rank, self.size = rank, size
+        self.staged, self.force, self.progress = staged, force, progress
+        self.planned: _Plan | None = None  # rank 0's, once it builds
+
+    def start(self) -> dict | None:
+        """Step 1, rank 0: the stored report if up to date; else makes the staging directory
+        and lists the events (None)."""
+        if self.rank != 0:
+            return None
+        report = kept_report(self.config, self.force)
+        if report is not None:
+            return report
+        out = self.staged.path(self.target, directory=True)
+        events = split_jobs(self.data, out)
+        self.planned = _Plan(out, events, time.perf_counter())
+        print(f"[prepare] {len(events.jobs)} events on {self.size} MPI ranks", flush=True)
+        return None
+
+    def deal_events(self, results: list) -> list[tuple]:
+        """Step 1, rank 0's answer: the stored report for every rank, or each rank's events."""
+        if self.planned is None:  # up to date: every rank returns the stored report
+            return [("report", results[0])] * self.size
+        plan = self.planned
+        jobs = list(enumerate(plan.events.jobs))
+        share = -(-len(jobs) // self.size)
+        split_of = plan.events.split_of
+        return [
+            ("build", plan.out, jobs[r :: self.size], split_of, share) for r in range(self.size)
+        ]
+
+    def build(
+        self, out: Path, my_jobs: list[tuple[int, EventJob]], split_of: dict[int, str]
+    ) -> tuple[list[_Stored], int]:
+        """Step 2, every rank: its events' graphs into its scratch file; where each one is."""
+        if not out.is_dir():
+            raise DataError(
+                f"the staging directory {out} that rank 0 made is not visible here: the "
+                "dataset directory must be on a file system every rank shares"
+            )
+        workers = max(1, min(self.data.workers or usable_cpus(), len(my_jobs)))
+        stored: list[_Stored] = []
+        bar = counter(self.progress and self.rank == 0, len(my_jobs), label="prepare", unit="event")
+        jobs = [job for _, job in my_jobs]
+        results = process_events(jobs, workers, self.data.prepare_timeout_s, self.target)
+        with open(out / _scratch_name(self.rank), "wb") as f, contextlib.closing(results):
+            for (job, _), (event_id, encoded, segments) in zip(my_jobs, results):
+                for position, (graph, segment_counts) in enumerate(zip(encoded, segments)):
+                    stored.append(
+                        _Stored(
+                            job=job,
+                            position=position,
+                            split=split_of[event_id],
+                            info=graph.info,
+                            row=report_row(graph.info, segment_counts),
+                            rank=self.rank,
+                            offset=f.tell(),
+                            length=len(graph.example),
+                        )
                     )
-                    written.append((name, sha256, num_bytes))
-            return written
+                    f.write(graph.example)
+                bar.update(1)
+            bar.close()
+        return stored, workers
 
-        def finish(results):
-            infos = []
-            for name, sha256, num_bytes in (w for written in results for w in written):
-                split, index, graphs = mine["shards"][name]
-                infos.append(ShardInfo(name, split, index, len(graphs), sha256, num_bytes, graphs))
-            records = data.records
-            manifest = Manifest.from_shards(
-                infos,
-                records.compression,
-                graphs_per_shard=records.graphs_per_shard,
-                seed=records.seed,
-                splits=records.split_names,
-            )
-            for r in range(size):
-                (out / _scratch_name(r)).unlink(missing_ok=True)
-            manifest.write(out)
-            elapsed = time.perf_counter() - mine["started"]
-            report = _write_report(
-                config,
-                out,
-                len(mine["jobs"]),
-                mine["splits"],
-                mine["counts"],
-                elapsed,
-                mine["workers"],
-                size,
-                len(manifest.shards),
-            )
-            staged.commit()
-            return [report] * size
+    def deal_shards(
+        self, results: list[tuple[list[_Stored], int]]
+    ) -> list[tuple[list[_Task], int]]:
+        """Step 2, rank 0's answer: the shards of one-process order, dealt out to the ranks
+        (with the most any rank has, for the deadline)."""
+        plan = self.planned
+        stored = sorted(
+            (s for entries, _ in results for s in entries), key=lambda s: (s.job, s.position)
+        )
+        plan.workers = sum(workers for _, workers in results)
+        plan.counts = empty_counts(plan.events.splits)
+        tasks: list[list[_Task]] = [[] for _ in range(self.size)]
+        records = self.data.records
+        for split in records.split_names:
+            graphs = [s for s in stored if s.split == split]
+            for s in graphs:
+                add_row(plan.counts[split], s.row)
+            for index, (name, members) in enumerate(plan_shards(len(graphs), split, records)):
+                chosen = [graphs[int(g)] for g in members]
+                plan.shards[name] = (split, index, tuple(s.info for s in chosen))
+                tasks[len(plan.shards) % self.size].append(
+                    (name, [(s.rank, s.offset, s.length) for s in chosen])
+                )
+        most = max(len(t) for t in tasks)
+        return [(t, most) for t in tasks]
 
-        return ranks.step(3, write, finish, (most + 1) * timeout)
+    def write(self, out: Path, my_tasks: list[_Task]) -> list[tuple[str, str, int]]:
+        """Step 3, every rank: its shards from the scratch files; (name, sha256, bytes) each."""
+        written = []
+        with _ScratchFiles(out) as scratch:
+            for name, members in my_tasks:
+                sha256, num_bytes = write_shard_file(
+                    out / name, scratch.examples(members), self.data.records.compression
+                )
+                written.append((name, sha256, num_bytes))
+        return written
+
+    def finish(self, results: list[list[tuple[str, str, int]]]) -> list[dict]:
+        """Step 3, rank 0's answer: the manifest and the report written, the dataset swapped
+        in; the report for every rank."""
+        plan = self.planned
+        infos = []
+        for name, sha256, num_bytes in (w for written in results for w in written):
+            split, index, graphs = plan.shards[name]
+            infos.append(ShardInfo(name, split, index, len(graphs), sha256, num_bytes, graphs))
+        records = self.data.records
+        manifest = Manifest.from_shards(
+            infos,
+            records.compression,
+            graphs_per_shard=records.graphs_per_shard,
+            seed=records.seed,
+            splits=records.split_names,
+        )
+        for r in range(self.size):
+            (plan.out / _scratch_name(r)).unlink(missing_ok=True)
+        manifest.write(plan.out)
+        elapsed = time.perf_counter() - plan.started
+        report = write_report(
+            self.config,
+            plan.out,
+            len(plan.events.jobs),
+            plan.events.splits,
+            plan.counts,
+            elapsed,
+            plan.workers,
+            self.size,
+            len(manifest.shards),
+        )
+        self.staged.commit()
+        return [report] * self.size
+
+
+class _ScratchFiles:
+    """The ranks' scratch files in ``out``, each opened when first read, closed on exit."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self._files: dict[int, IO[bytes]] = {}
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> _ScratchFiles:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stack.close()
+
+    def examples(self, members: list[tuple[int, int, int]]) -> Iterator[bytes]:
+        """The records at (rank, offset, length), in order."""
+        for source, offset, length in members:
+            if source not in self._files:
+                path = self.out / _scratch_name(source)
+                self._files[source] = self._stack.enter_context(open(path, "rb"))
+            self._files[source].seek(offset)
+            yield self._files[source].read(length)
 
 
 def _scratch_name(rank: int) -> str:

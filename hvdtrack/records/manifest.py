@@ -32,8 +32,8 @@ MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "hvdtrack-graph-records"
 COMPRESSIONS = ("none", "gzip")
 SHARD_SUFFIX = {"none": ".tfrecord", "gzip": ".tfrecord.gz"}
-_SPLIT_NAME = re.compile(r"^[A-Za-z0-9_]+$")
-_PREPARE = "re-run hvdtrack prepare"
+SPLIT_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+PREPARE_AGAIN = "re-run hvdtrack prepare"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,7 +243,7 @@ class Manifest:
         try:
             data = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise DataError(f"{path} is unreadable ({err}) - {_PREPARE}") from None
+            raise DataError(f"{path} is unreadable ({err}) - {PREPARE_AGAIN}") from None
         return cls.from_json_dict(data, str(path))
 
     @classmethod
@@ -262,7 +262,7 @@ class Manifest:
             )
         for key in ("compression", "splits", "shards", "graphs"):
             if key not in data:
-                raise DataError(f"{where}: key '{key}' is missing - {_PREPARE}")
+                raise DataError(f"{where}: key '{key}' is missing - {PREPARE_AGAIN}")
         manifest = cls(
             schema_version=version,
             compression=_typed(data["compression"], str, "compression", where),
@@ -284,12 +284,12 @@ class Manifest:
         """Checks internal consistency; raises DataError naming ``where`` and the bad entry."""
 
         def fail(what: str) -> None:
-            raise DataError(f"{where}: {what} - the manifest is damaged; {_PREPARE}")
+            raise DataError(f"{where}: {what} - the manifest is damaged; {PREPARE_AGAIN}")
 
         if self.compression not in COMPRESSIONS:
             fail(f"compression '{self.compression}' is not one of {', '.join(COMPRESSIONS)}")
         for split in self.splits:
-            if not _SPLIT_NAME.match(split):
+            if not SPLIT_NAME.match(split):
                 fail(f"split name '{split}' is not letters, digits and underscores")
         shard_keys: dict[tuple[str, int], ShardInfo] = {}
         files = set()
@@ -343,7 +343,7 @@ def _typed(value: Any, kind: type, key: str, where: str) -> Any:
     if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
         return value
     got = "null" if value is None else f"{type(value).__name__} {json.dumps(value)[:40]}"
-    raise DataError(f"{where}: '{key}' must be {_TYPE_NAMES[kind]}, got {got} - {_PREPARE}")
+    raise DataError(f"{where}: '{key}' must be {_TYPE_NAMES[kind]}, got {got} - {PREPARE_AGAIN}")
 
 
 def _rows(cls: type, rows: Any, key: str, where: str) -> tuple:
@@ -370,10 +370,10 @@ def _explain_row(row: Any, kinds: dict[str, type], key: str, where: str) -> None
     _typed(row, dict, key, where)
     missing = [name for name in kinds if name not in row]
     if missing:
-        raise DataError(f"{where}: '{key}' has no '{missing[0]}' - {_PREPARE}")
+        raise DataError(f"{where}: '{key}' has no '{missing[0]}' - {PREPARE_AGAIN}")
     unknown = sorted(row.keys() - kinds.keys())
     if unknown:
-        raise DataError(f"{where}: '{key}' has unknown keys {unknown} - {_PREPARE}")
+        raise DataError(f"{where}: '{key}' has unknown keys {unknown} - {PREPARE_AGAIN}")
     for name, kind in kinds.items():
         _typed(row[name], kind, f"{key}.{name}", where)
 
@@ -397,12 +397,12 @@ def shard_problem(
     path = Path(dataset_dir) / shard.file
     where = f"shard {shard.file} of split '{shard.split}'"
     if not path.is_file():
-        return f"{where} is missing from {dataset_dir} - {_PREPARE}"
+        return f"{where} is missing from {dataset_dir} - {PREPARE_AGAIN}"
     size = path.stat().st_size
     if size != shard.num_bytes:
         return (
             f"{where} in {dataset_dir} is {size} bytes but the manifest says "
-            f"{shard.num_bytes}: it is truncated or was changed - {_PREPARE}"
+            f"{shard.num_bytes}: it is truncated or was changed - {PREPARE_AGAIN}"
         )
     if checksum:
         digest = sha256_of_file(path)
@@ -410,7 +410,7 @@ def shard_problem(
             return (
                 f"{where} in {dataset_dir} does not match its checksum in the manifest "
                 f"(sha256 {digest[:12]}... instead of {shard.sha256[:12]}...): the file was "
-                f"changed or damaged - {_PREPARE}"
+                f"changed or damaged - {PREPARE_AGAIN}"
             )
     return None
 

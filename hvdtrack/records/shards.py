@@ -38,9 +38,9 @@ from hvdtrack.configtools import check
 from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.graphs.construction import HitGraph
 from hvdtrack.records.manifest import (
-    _PREPARE,
-    _SPLIT_NAME,
     MANIFEST_NAME,
+    PREPARE_AGAIN,
+    SPLIT_NAME,
     GraphInfo,
     Manifest,
     ShardInfo,
@@ -78,7 +78,7 @@ class RecordsConfig:
         check(len(self.split_names) > 0, "split_names", "must name at least one split")
         check(len(set(self.split_names)) == len(self.split_names), "split_names", "has duplicates")
         for name in self.split_names:
-            check(bool(_SPLIT_NAME.match(name)), "split_names", f"'{name}': use letters, digits, _")
+            check(bool(SPLIT_NAME.match(name)), "split_names", f"'{name}': use letters, digits, _")
         check(
             len(self.split_fractions) == len(self.split_names),
             "split_fractions",
@@ -308,14 +308,14 @@ def index_shard_records(path: str | os.PathLike, num_records: Optional[int] = No
                 raise DataError(
                     f"shard {name}: record {len(offsets)} at byte {position} runs past the end of "
                     f"the file ({size} bytes): it is truncated or not an uncompressed TFRecord "
-                    f"file - {_PREPARE}"
+                    f"file - {PREPARE_AGAIN}"
                 )
             offsets.append(position)
             position += 16 + length
     if num_records is not None and len(offsets) != num_records:
         raise DataError(
             f"shard {name} holds {len(offsets)} records but the manifest lists {num_records} - "
-            f"{_PREPARE}"
+            f"{PREPARE_AGAIN}"
         )
     return np.array(offsets, dtype=np.int64)
 
@@ -340,7 +340,7 @@ def read_shard_examples(path: str | os.PathLike, compression: str = "none") -> I
     except (tf.errors.DataLossError, tf.errors.NotFoundError) as err:
         raise DataError(
             f"shard {Path(path).name}: record {record} cannot be read, the file is truncated or "
-            f"corrupt ({_tf_message(err)}) - {_PREPARE}"
+            f"corrupt ({_tf_message(err)}) - {PREPARE_AGAIN}"
         ) from None
 
 

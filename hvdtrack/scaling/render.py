@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 
 from hvdtrack.runs.timing import EPOCH_PARTS
+from hvdtrack.scaling.results import ScalingReport
 from hvdtrack.utils.io import atomic_write
-
-if TYPE_CHECKING:
-    from hvdtrack.scaling.report import ScalingReport
 
 DEFINITIONS: dict[str, Any] = {  # of the measures in a sweep's tables (also in scaling.json)
     "epoch_s": "median over timed epochs of the slowest rank's epoch time",

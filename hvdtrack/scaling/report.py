@@ -2,9 +2,9 @@
 
 - One run (``write_summary``): ``summary.md`` and ``summary.json``: epochs, step statistics,
   throughput, cost, energy and where each epoch of each rank went (``timing.epoch_accounts``).
-- Runs of one config (``build_report``, ``write_report``): ``REPORT_FILES``, the strong- or
-  weak-scaling tables in Markdown, CSV and JSON, predictions beyond this machine and the plots
-  (``scaling.render``).
+- Runs of one config (``build_report``, ``write_report``; a ``results.ScalingReport``):
+  ``REPORT_FILES``, the strong- or weak-scaling tables in Markdown, CSV and JSON, predictions
+  beyond this machine and the plots (``scaling.render``).
 
 The runs may train in different modes (``training_mode``: whole graphs or subgraph mini-batches,
 either in S stages x M micro-batches (``distributed.stages``); N is the data-parallel worker count).
@@ -36,6 +36,7 @@ from hvdtrack.runs.runinfo import flatten_config
 from hvdtrack.runs.timing import Run, read_run
 from hvdtrack.scaling import maths, render
 from hvdtrack.scaling.config import ScalingConfig
+from hvdtrack.scaling.results import ScalingReport
 from hvdtrack.utils.io import atomic_write, write_json
 
 # Config keys (dotted keys or whole sections) that may differ between the runs of a report.
@@ -57,21 +58,6 @@ REPORT_FILES = ("report.md", "scaling.csv", "scaling.json", *(f"{p}.png" for p i
 # Column of the report's table -> key of run.json's final validation metrics.
 METRICS = {"val_loss": "loss", "auc": "auc", "edge_efficiency": "efficiency"}
 METRICS |= {"purity": "purity", "accuracy": "accuracy"}
-
-
-@dataclasses.dataclass(frozen=True)
-class ScalingReport:
-    """Everything ``write_report`` writes. ``table``: one row per run by (training mode, N), the
-    columns of ``_row``; ``prediction``: the ring model's inputs and efficiency per network (None
-    without inputs); ``validation``: the model against each measured multi-worker run."""
-
-    mode: str
-    config_name: str
-    table: pd.DataFrame
-    scaling: ScalingConfig
-    notes: list[str]
-    prediction: Optional[dict[str, Any]]
-    validation: list[maths.Validation]
 
 
 def training_mode(run: Run) -> str:

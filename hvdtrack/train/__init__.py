@@ -1,2 +1,1 @@
-"""Training: the trainer (``trainer``), the one loop (``loop``), its timing records (``timing``),
-the distribution seam (``distribute``), optimizer, metrics, console output."""
+"""Training: the one loop (``loop``) over a trainer built from its data, state and compiled step (``trainer``, ``data``, ``state``, ``step``), with checkpoints, the optimizer and the ``train:`` config section."""

@@ -33,7 +33,8 @@ from hvdtrack.distributed.stop import PREEMPTED_EXIT_CODE, StopSignals
 from hvdtrack.errors import TrainingError
 from hvdtrack.runs import rundir, runinfo, timing
 from hvdtrack.runs.energy import EnergyMeter
-from hvdtrack.train import outputs
+from hvdtrack.runs.summaries import Summaries
+from hvdtrack.train.checkpoints import Checkpoints
 from hvdtrack.train.trainer import Trainer
 from hvdtrack.utils import console, memory
 
@@ -86,12 +87,12 @@ class _Fit:
             rundir.prepare(self.run_dir, self.cfg)
         if not self.elastic:  # elastic: no collective before the elastic loop (joiners sync)
             self.workers.barrier()
-        self.checkpoints = outputs.Checkpoints(self.t, self.run_dir)
+        self.checkpoints = Checkpoints(self.t, self.run_dir)
         previous = self._restore()
         self.t.resize()  # a checkpoint of a run that had another worker count (elastic)
-        if int(self.t.epoch.numpy()) >= self.tc.epochs:
+        if int(self.t.state.epoch.numpy()) >= self.tc.epochs:
             return self._info("finished", previous.info.get("metrics") if previous else None)
-        self.summaries = outputs.Summaries(self.t, self.run_dir)
+        self.summaries = Summaries(self.cfg, self.workers, self.run_dir)
         if self.workers.shares_cores:
             yields = os.environ.get("OMPI_MCA_mpi_yield_when_idle") == "1"
             log.info(
@@ -101,7 +102,11 @@ class _Fit:
                 + "): more ranks than cores add no speed"
             )
         if previous is None:
-            self.summaries.start(int(self.t.epoch.numpy()))
+            t = self.t
+            imbalance = t.data.plan(t.state.position()[0]).mean_imbalance
+            self.summaries.start(
+                t.size.global_batch, t.learning_rate, t.size.steps_per_epoch, imbalance
+            )
         self.meter = EnergyMeter(
             self.cfg.scaling,
             devices=self.workers.local_replicas,
@@ -111,8 +116,8 @@ class _Fit:
         self.meter.start()
         self.best_loss = min((e.val["loss"] for e in self.prior_epochs if e.val), default=math.inf)
         if self.tc.stop_after_steps:
-            self.stop_at = int(self.t.optimizer.step.numpy()) + self.tc.stop_after_steps
-        self.compile_s = self.t.compile()
+            self.stop_at = int(self.t.state.optimizer.step.numpy()) + self.tc.stop_after_steps
+        self.compile_s = self.t.step.compile()
         try:
             with self.signals:
                 if self.elastic:
@@ -133,8 +138,11 @@ class _Fit:
         """The epochs from the position the trainer holds, then the run's end. Elastic
         training calls it again after every restart, from the last commit."""
         self.t.resize()  # elastic: the position may have come from rank 0 since
-        start_epoch, start_step = int(self.t.epoch.numpy()), int(self.t.step_in_epoch.numpy())
-        self.global_step = int(self.t.optimizer.step.numpy())
+        start_epoch, start_step = (
+            int(self.t.state.epoch.numpy()),
+            int(self.t.state.step_in_epoch.numpy()),
+        )
+        self.global_step = int(self.t.state.optimizer.step.numpy())
         stopped = False
         clock = timing.PartClock()
         for epoch in range(start_epoch, self.tc.epochs):
@@ -160,7 +168,7 @@ class _Fit:
         if chief != self.chief:
             self.chief = chief
             self.summaries.close()
-            self.summaries = outputs.Summaries(self.t, self.run_dir)
+            self.summaries = Summaries(self.cfg, self.workers, self.run_dir)
 
     def _epoch(
         self, epoch: int, first: int, clock: timing.PartClock
@@ -175,7 +183,7 @@ class _Fit:
         train_start = time.perf_counter()
         self.epoch_records_from = len(self.prior_steps)  # this epoch's steps, once gathered
         with clock.part("pipeline_s"):
-            batches = t.batches(epoch, first)
+            batches = t.data.batches(epoch, first, t.size.steps_per_epoch)
         tally = self._steps(epoch, first, batches, clock)
         with clock.part("pipeline_s"):
             batches.close()  # ends the epoch's pipelines
@@ -189,7 +197,7 @@ class _Fit:
             with clock.part("validation_s"):
                 val = self.val_metrics = t.evaluate("val")
         with clock.part("summaries_s"):
-            self.summaries.epoch(self.global_step, train_s, tally.edges, t.plan(epoch), val)
+            self.summaries.epoch(self.global_step, train_s, tally.edges, t.data.plan(epoch), val)
             log.info(console.epoch_line(epoch, self.tc.epochs, train_s, tally.losses, val or {}))
         # The record's wall time ends here: what follows (its records and checkpoint) belongs
         # to the next interval.
@@ -212,22 +220,22 @@ class _Fit:
 
     def _steps(self, epoch: int, first: int, batches, clock: timing.PartClock) -> _EpochTally:
         t, tc = self.t, self.tc
-        plan = t.plan(epoch)
+        plan = t.data.plan(epoch)
         passes = self.cfg.distributed.backward_passes_per_step
         tally = _EpochTally()
         bar = console.progress(
             self.chief and tc.progress_bar,
-            t.steps_per_epoch,
+            t.size.steps_per_epoch,
             first,
             epoch,
             tc.epochs,
             interval=tc.progress_interval_s,
         )
-        for step in range(first, t.steps_per_epoch):
+        for step in range(first, t.size.steps_per_epoch):
             with clock.part("summaries_s"):
                 self.summaries.profile(self.global_step)
-            last = step + 1 == t.steps_per_epoch  # the epoch's end saves anyway
-            times = t.step(
+            last = step + 1 == t.size.steps_per_epoch  # the epoch's end saves anyway
+            times = t.step.run(
                 batches,
                 stop=self.signals.received is not None,
                 checkpoint=self.chief and not last and self.checkpoints.due(),
@@ -249,9 +257,11 @@ class _Fit:
             self.global_step += 1
             with clock.part("summaries_s"):
                 imbalance = float(plan.step_imbalance[rows].max())
-                self.summaries.step(self.global_step, times, step_edges, imbalance)
+                self.summaries.step(
+                    self.global_step, times, t.size.global_batch, step_edges, imbalance
+                )
                 bar.update(step, times.loss, step_edges / times.total_s)
-            t.step_in_epoch.assign(step + 1)
+            t.state.step_in_epoch.assign(step + 1)
             every = tc.checkpoint_every_steps
             tally.stopped = self._stop_due() and not last
             if (
@@ -291,7 +301,7 @@ class _Fit:
         )
         tally.losses.append(times.loss)
         tally.edges += step_edges
-        self.graphs_done += t.global_batch
+        self.graphs_done += t.size.global_batch
         self.edges_done += step_edges
         tally.my_graphs += my_graphs
         tally.my_edges += my_edges
@@ -302,7 +312,7 @@ class _Fit:
             rank=self.workers.rank,
             time_s=train_s,
             wall_s=clock.wall(),
-            steps=self.t.steps_per_epoch - first,
+            steps=self.t.size.steps_per_epoch - first,
             graphs=tally.my_graphs,  # this rank's share; ranks add up
             edges=tally.my_edges,
             train_loss=float(np.mean(tally.losses)) if tally.losses else float("nan"),
@@ -359,7 +369,7 @@ class _Fit:
             strategy=described.pop("strategy"),
             num_workers=described.pop("num_workers"),
             batch_graphs=self.tc.batch_graphs,
-            global_batch_graphs=self.t.global_batch,
+            global_batch_graphs=self.t.size.global_batch,
             learning_rate=self.t.learning_rate,
             epochs=self.tc.epochs,
             device_kind=self.cfg.scaling.device_kind,
@@ -368,19 +378,21 @@ class _Fit:
             started=self.started,
             finished=time.strftime("%Y-%m-%dT%H:%M:%S") if status != "running" else None,
             host=rundir.hostname(),
-            num_params=int(sum(np.prod(v.shape) for v in self.t.variables)),
-            gradient_bytes=int(sum(np.prod(v.shape) * v.dtype.size for v in self.t.variables)),
+            num_params=int(sum(np.prod(v.shape) for v in self.t.state.variables)),
+            gradient_bytes=int(
+                sum(np.prod(v.shape) * v.dtype.size for v in self.t.state.variables)
+            ),
             graphs_processed=self.graphs_done,
             edges_processed=self.edges_done,
             metrics=metrics or {},
             energy=energy,
-            steps_per_epoch=self.t.steps_per_epoch,
+            steps_per_epoch=self.t.size.steps_per_epoch,
             # tracing the step's compiled parts, before the first epoch (seconds, this rank)
             compile_s=self.compile_s,
             # max/mean edges per worker per step, mean over the steps of the first epoch's plan
-            edge_imbalance=self.t.edge_imbalance,
+            edge_imbalance=self.t.size.edge_imbalance,
             stopped_by="signal" if self.preempted and status == "stopped" else None,
-            dataset_digest=self.t.dataset_digest,
+            dataset_digest=self.t.data.digest,
             elastic_resets=list(self.resets) if self.elastic else None,
             # whole graphs, or subgraph mini-batches (train.subgraphs; records count seed edges)
             input_mode="subgraphs" if self.tc.subgraphs.enabled else "graphs",
@@ -406,7 +418,7 @@ class _Fit:
             self.cfg,
             self.workers.num_replicas,
             latest,
-            self.t.dataset_digest,
+            self.t.data.digest,
             step_in_epoch,
         )
 
@@ -418,14 +430,14 @@ class _Fit:
             if resume and (self.run_dir / timing.RUN_INFO_FILE).exists()
             else None
         )
-        restored = self.t.restore(
+        restored = self.t.state.restore(
             self.checkpoints.directory if resume else None, broadcast=not self.elastic
         )
         if not restored:
             return None
         if previous is not None:
             # Only what the checkpoint holds: steps that ran after it (before a crash) run again.
-            at = (int(self.t.epoch.numpy()), int(self.t.step_in_epoch.numpy()))
+            at = (int(self.t.state.epoch.numpy()), int(self.t.state.step_in_epoch.numpy()))
             self.prior_steps = [r for r in previous.steps if (r.epoch, r.step) < at]
             self.prior_epochs = [r for r in previous.epochs if r.epoch < at[0]]
             self.graphs_done = sum(r.graphs for r in self.prior_steps)

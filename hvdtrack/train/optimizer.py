@@ -13,6 +13,8 @@ from typing import Sequence
 
 import tensorflow as tf
 
+from hvdtrack.train.config import TrainConfig
+
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
@@ -66,6 +68,20 @@ def scaled_learning_rate(base: float, num_workers: int, rule: str) -> float:
     if rule == "sqrt":
         return base * math.sqrt(num_workers)
     return base
+
+
+def epoch_schedule(train: TrainConfig, num_workers: int, steps_per_epoch: int) -> Schedule:
+    """The ``train:`` section's schedule for ``num_workers`` workers and epochs of
+    ``steps_per_epoch`` optimizer steps (warm-up and decay counted in epochs)."""
+    return Schedule(
+        peak=scaled_learning_rate(train.learning_rate, num_workers, train.lr_scaling),
+        warmup_steps=int(round(train.warmup_epochs * steps_per_epoch)),
+        total_steps=train.epochs * steps_per_epoch,
+        decay=train.decay,
+        decay_rate=train.decay_rate,
+        min_fraction=train.min_learning_rate_fraction,
+        warmup_start_divisor=float(num_workers) if train.lr_scaling != "none" else 1.0,
+    )
 
 
 class Adam(tf.Module):

@@ -8,11 +8,16 @@ import sys
 import time
 from typing import Any, Callable, TextIO
 
+from tqdm import tqdm
+
 LOGGER_NAME = "hvdtrack"
 DEFAULT_INTERVAL_S = 30.0
 # Python loggers of libraries whose warnings every rank repeats (tf.function retracing,
 # deprecations, tf.data notices); on non-chief ranks only their errors are kept.
 LIBRARY_LOGGERS = ("tensorflow", "absl")
+# Plain progress lines, formatted like tqdm's ``bar_format`` (``eta`` as ``format_eta`` gives it).
+_EPOCH_LINE = "{desc} step {n}/{total} {postfix} eta {eta}"
+_COUNT_LINE = "{desc} {n}/{total} {unit}s {rate:,.1f} {unit}s/s eta {eta}"
 
 Clock = Callable[[], float]
 
@@ -100,43 +105,6 @@ def _isatty(stream: Any) -> bool:
         return False
 
 
-class _Pace:
-    """When the next plain line is due, and the remaining time at the observed rate."""
-
-    def __init__(self, clock: Clock, interval: float, initial: int):
-        self.clock = clock
-        self.interval = interval
-        self.start = (clock(), initial)
-        self.last_line = self.start[0]
-        # Rates are measured from the first update on: the first step includes tf.function
-        # tracing (seconds to minutes) and would inflate every later estimate.
-        self.first: tuple[float, int] | None = None
-
-    def observe(self, done: int) -> float:
-        """Records ``done`` units finished; returns the current time."""
-        now = self.clock()
-        if self.first is None:
-            self.first = (now, done)
-        return now
-
-    def due(self, now: float) -> bool:
-        if now - self.last_line < self.interval:
-            return False
-        self.last_line = now
-        return True
-
-    def rate(self, now: float, done: int) -> float:
-        """Units per second (NaN before any measurable progress)."""
-        since, base = self.first if self.first and done > self.first[1] else self.start
-        if done <= base or now <= since:
-            return math.nan
-        return (done - base) / (now - since)
-
-    def eta(self, now: float, done: int, total: int) -> str:
-        rate = self.rate(now, done)
-        return format_eta((total - done) / rate if rate > 0 else math.nan)
-
-
 class NullProgress:
     """The reporter of non-chief ranks (or with progress disabled): does nothing."""
 
@@ -147,87 +115,81 @@ class NullProgress:
         """Does nothing."""
 
 
-class BarProgress:
-    """A tqdm bar of one epoch with loss and edges/s, for a terminal."""
-
-    def __init__(
-        self,
-        total: int,
-        initial: int,
-        epoch: int,
-        epochs: int | None = None,
-        *,
-        stream: TextIO | None = None,
-    ):
-        """Starts the bar (see ``progress`` for the arguments)."""
-        from tqdm import tqdm
-
-        self.bar = tqdm(
-            total=total,
-            initial=initial,
-            desc=f"epoch {_epoch_text(epoch, epochs)}",
-            unit="step",
-            dynamic_ncols=True,
-            leave=False,
-            file=stream or sys.stderr,
-            mininterval=1.0,
-        )
-
-    def update(self, step: int, loss: float, edges_per_s: float) -> None:
-        """Moves the bar to ``step + 1`` steps done and shows loss and edges/s."""
-        self.bar.set_postfix(loss=f"{loss:.4f}", edges_s=f"{edges_per_s:,.0f}", refresh=False)
-        self.bar.update(step + 1 - self.bar.n)
-
-    def close(self) -> None:
-        """Removes the bar (``leave=False``)."""
-        self.bar.close()
-
-
 class LineProgress:
-    """Plain progress lines of one epoch for logs: no carriage returns, one line per interval.
+    """Plain progress lines for logs: one per ``interval`` seconds, never a carriage return.
 
-    A line looks like ``[hvdtrack] epoch 3/24 step 12/20 loss 0.1234 edges/s 15,321 eta 0:00:07``
-    and is written when ``interval`` seconds have passed since the previous line (or the start),
-    so short epochs print nothing: the epoch summary line follows anyway. The epoch's last step
-    prints nothing for the same reason. The ETA uses the rate since the first update (which
-    excludes the first step and its tf.function tracing) once there is one.
+    Mimics the part of ``tqdm`` that ``progress`` and ``counter`` use (``n``, ``update``,
+    ``set_postfix_str``, ``close``). Not ``tqdm`` itself: its status printer starts every refresh
+    with ``\\r`` whatever the file (non-terminals included), its monitor thread and ``close()``
+    print on their own schedule, and its rate is a moving average that would keep counting the
+    first training step (tf.function tracing). No line is written before ``interval`` seconds or
+    for the last unit (short runs print nothing: a summary line follows anyway).
     """
 
     def __init__(
         self,
+        fmt: str,
         total: int,
-        initial: int,
-        epoch: int,
-        epochs: int | None = None,
+        initial: int = 0,
         *,
+        warmup: bool = False,
         stream: TextIO | None = None,
         interval: float = DEFAULT_INTERVAL_S,
         clock: Clock = time.monotonic,
+        **fields: Any,
     ):
-        """Starts timing (see ``progress`` for the arguments)."""
-        self.total = total
-        self.epoch = _epoch_text(epoch, epochs)
+        """Starts timing; ``fmt`` is a ``str.format`` template of ``n``, ``total``, ``rate``
+        (units/s), ``eta``, ``postfix`` and ``fields``. With ``warmup``, the rate is measured from
+        the first ``update`` on (once there is a later one), which leaves out tf.function tracing.
+        """
+        self.fmt, self.total, self.n, self.fields = fmt, total, initial, fields
+        self.postfix = ""
         self.stream = stream or sys.stderr
-        self.pace = _Pace(clock, interval, initial)
+        self.interval, self.clock = interval, clock
+        self.start = (clock(), initial)
+        self.last_line = self.start[0]
+        self.base: tuple[float, int] | None = None if warmup else self.start
 
-    def update(self, step: int, loss: float, edges_per_s: float) -> None:
-        """Records that step ``step`` (0-based) finished; writes a line if one is due."""
-        done = step + 1
-        now = self.pace.observe(done)
-        if done >= self.total or not self.pace.due(now):
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        """Sets the ``postfix`` of the next line (``refresh`` is ignored, as in ``tqdm``'s API)."""
+        self.postfix = s
+
+    def update(self, n: int = 1) -> None:
+        """Counts ``n`` more units; writes a line if one is due."""
+        self.n += n
+        now = self.clock()
+        if self.base is None:
+            self.base = (now, self.n)
+        if self.n >= self.total or now - self.last_line < self.interval:
             return
-        self.stream.write(
-            f"[hvdtrack] epoch {self.epoch} step {done}/{self.total} loss {loss:.4f} "
-            f"edges/s {edges_per_s:,.0f} eta {self.pace.eta(now, done, self.total)}\n"
+        self.last_line = now
+        since, base = self.base if self.n > self.base[1] else self.start
+        rate = (self.n - base) / (now - since) if self.n > base and now > since else math.nan
+        eta = format_eta((self.total - self.n) / rate if rate > 0 else math.nan)
+        line = self.fmt.format(
+            n=self.n, total=self.total, rate=rate, eta=eta, postfix=self.postfix, **self.fields
         )
+        self.stream.write(line + "\n")
         self.stream.flush()
 
     def close(self) -> None:
         """Nothing to undo: every line is already complete."""
 
 
-def _epoch_text(epoch: int, epochs: int | None) -> str:
-    return f"{epoch + 1}/{epochs}" if epochs else f"{epoch + 1}"
+class EpochProgress:
+    """One epoch's steps with loss and edges/s, shown by ``bar`` (``tqdm`` or ``LineProgress``)."""
+
+    def __init__(self, bar: tqdm | LineProgress):
+        self.bar = bar
+
+    def update(self, step: int, loss: float, edges_per_s: float) -> None:
+        """Records that step ``step`` (0-based) finished, with its loss and edges/s."""
+        self.bar.set_postfix_str(f"loss {loss:.4f} edges/s {edges_per_s:,.0f}", refresh=False)
+        self.bar.update(step + 1 - self.bar.n)
+
+    def close(self) -> None:
+        """Ends the bar (a terminal bar is removed: the epoch summary line replaces it)."""
+        self.bar.close()
 
 
 def progress(
@@ -240,8 +202,13 @@ def progress(
     stream: TextIO | None = None,
     interval: float = DEFAULT_INTERVAL_S,
     clock: Clock = time.monotonic,
-) -> NullProgress | BarProgress | LineProgress:
+) -> NullProgress | EpochProgress:
     """The progress reporter of one epoch: a bar on a terminal, plain lines otherwise.
+
+    A plain line looks like
+    ``[hvdtrack] epoch 3/24 step 12/20 loss 0.1234 edges/s 15,321 eta 0:00:07``; its ETA uses
+    the rate since the first update (which excludes the first step and its tf.function tracing)
+    once there is a later one.
 
     Args:
       enabled: True on the chief with progress wanted; otherwise the reporter does nothing.
@@ -260,71 +227,30 @@ def progress(
     if not enabled:
         return NullProgress()
     stream = stream or sys.stderr
+    desc = f"epoch {epoch + 1}/{epochs}" if epochs else f"epoch {epoch + 1}"
     if _isatty(stream):
-        return BarProgress(total, initial, epoch, epochs, stream=stream)
-    return LineProgress(
-        total, initial, epoch, epochs, stream=stream, interval=interval, clock=clock
+        bar = tqdm(
+            total=total,
+            initial=initial,
+            desc=desc,
+            unit="step",
+            file=stream,
+            dynamic_ncols=True,
+            leave=False,  # the epoch summary line takes its place
+            mininterval=1.0,
+        )
+        return EpochProgress(bar)
+    line = LineProgress(
+        _EPOCH_LINE,
+        total,
+        initial,
+        warmup=True,
+        stream=stream,
+        interval=interval,
+        clock=clock,
+        desc=f"[hvdtrack] {desc}",
     )
-
-
-class CountBar:
-    """A tqdm bar counting work items (``hvdtrack prepare``), for a terminal."""
-
-    def __init__(self, total: int, label: str, unit: str, *, stream: TextIO | None = None):
-        """Starts the bar (see ``counter`` for the arguments)."""
-        from tqdm import tqdm
-
-        self.bar = tqdm(
-            total=total, desc=label, unit=unit, file=stream or sys.stderr, dynamic_ncols=True
-        )
-
-    def update(self, n: int = 1) -> None:
-        """Counts ``n`` more items."""
-        self.bar.update(n)
-
-    def close(self) -> None:
-        """Ends the bar."""
-        self.bar.close()
-
-
-class CountLines:
-    """Plain counting lines, e.g. ``[prepare] 40/600 events 7.4 events/s eta 0:01:16``.
-
-    One line per ``interval`` seconds; none for the last item (a summary follows it).
-    """
-
-    def __init__(
-        self,
-        total: int,
-        label: str,
-        unit: str,
-        *,
-        stream: TextIO | None = None,
-        interval: float = DEFAULT_INTERVAL_S,
-        clock: Clock = time.monotonic,
-    ):
-        """Starts timing (see ``counter`` for the arguments)."""
-        self.total, self.label, self.unit = total, label, unit
-        self.stream = stream or sys.stderr
-        self.done = 0
-        self.pace = _Pace(clock, interval, 0)
-        self.pace.first = self.pace.start  # every item counts towards the rate
-
-    def update(self, n: int = 1) -> None:
-        """Counts ``n`` more items; writes a line if one is due."""
-        self.done += n
-        now = self.pace.observe(self.done)
-        if self.done >= self.total or not self.pace.due(now):
-            return
-        rate = self.pace.rate(now, self.done)
-        self.stream.write(
-            f"[{self.label}] {self.done}/{self.total} {self.unit}s {rate:,.1f} {self.unit}s/s "
-            f"eta {self.pace.eta(now, self.done, self.total)}\n"
-        )
-        self.stream.flush()
-
-    def close(self) -> None:
-        """Nothing to undo: every line is already complete."""
+    return EpochProgress(line)
 
 
 def counter(
@@ -336,8 +262,11 @@ def counter(
     stream: TextIO | None = None,
     interval: float = DEFAULT_INTERVAL_S,
     clock: Clock = time.monotonic,
-) -> NullProgress | CountBar | CountLines:
+) -> NullProgress | tqdm | LineProgress:
     """A counter of work items: a bar on a terminal, plain lines otherwise, nothing if disabled.
+
+    A plain line looks like ``[prepare] 40/600 events 7.4 events/s eta 0:01:16`` (the rate is
+    measured from the start).
 
     Args:
       enabled: Whether to show progress at all.
@@ -355,8 +284,16 @@ def counter(
         return NullProgress()
     stream = stream or sys.stderr
     if _isatty(stream):
-        return CountBar(total, label, unit, stream=stream)
-    return CountLines(total, label, unit, stream=stream, interval=interval, clock=clock)
+        return tqdm(total=total, desc=label, unit=unit, file=stream, dynamic_ncols=True)
+    return LineProgress(
+        _COUNT_LINE,
+        total,
+        stream=stream,
+        interval=interval,
+        clock=clock,
+        desc=f"[{label}]",
+        unit=unit,
+    )
 
 
 # ------------------------------------------------------------------------------------ summaries

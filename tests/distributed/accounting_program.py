@@ -48,16 +48,16 @@ def main() -> None:
     )
     if trainer.workers.rank == 1:
         if slow == "data":
-            batches = trainer.batches
+            batches = trainer.data.batches
 
-            def slow_batches(epoch, first):
-                for batch in batches(epoch, first):
+            def slow_batches(epoch, first, steps_per_epoch):
+                for batch in batches(epoch, first, steps_per_epoch):
                     time.sleep(delay)
                     yield batch
 
-            trainer.batches = slow_batches
+            trainer.data.batches = slow_batches
         else:
-            trainer._local = _Slower(trainer._local, delay)
+            trainer.step._local = _Slower(trainer.step._local, delay)
     fit(trainer)
     trainer.workers.shutdown()
 

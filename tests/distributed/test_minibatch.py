@@ -40,9 +40,9 @@ def run_program() -> None:
         ],
     )
     trainer = Trainer(config)
-    trainer.restore(None)  # rank 0's initial weights everywhere
-    plan = trainer.plan(0)
-    first = next(trainer.batches(0, 0))[0]
+    trainer.state.restore(None)  # rank 0's initial weights everywhere
+    plan = trainer.data.plan(0)
+    first = next(trainer.data.batches(0, 0, trainer.size.steps_per_epoch))[0]
     initial_val = trainer.evaluate("val")
     info = fit(trainer)
     rank = trainer.workers.rank
@@ -53,7 +53,7 @@ def run_program() -> None:
                 "status": info["status"],
                 "input_mode": info["input_mode"],
                 "num_workers": trainer.workers.num_replicas,
-                "steps_per_epoch": trainer.steps_per_epoch,
+                "steps_per_epoch": trainer.size.steps_per_epoch,
                 "plan_steps": plan.num_steps,
                 "plan_units": plan.num_graphs,
                 "plan_seed_edges": [int(x) for x in plan.edges.sum(axis=0)],
@@ -64,7 +64,7 @@ def run_program() -> None:
                     {"edges": e.edges, "steps": e.steps, "loss": e.train_loss, "val": e.val}
                     for e in epochs
                 ],
-                "weights": [float(np.abs(v.numpy()).sum()) for v in trainer.variables],
+                "weights": [float(np.abs(v.numpy()).sum()) for v in trainer.state.variables],
             }
         )
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hvdtrack.config import load_config
-from hvdtrack.prepare.jobs import prepare_dataset
+from hvdtrack.prepare.local import prepare_dataset
 from tests.launch import REPO, launch_command, worker_env
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]

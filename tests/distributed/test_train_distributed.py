@@ -45,13 +45,13 @@ def reference(tiny_dataset, out, saved):
         ],
     )
     trainer = Trainer(config)
-    for i, v in enumerate(trainer.variables):
+    for i, v in enumerate(trainer.state.variables):
         v.assign(saved[f"init{i}"])
     ids = saved["graph_ids"].reshape(1, 1, -1)  # every worker's step-0 graphs, one batch
-    plan = trainer.plan(0)
+    plan = trainer.data.plan(0)
     plan = dataclasses.replace(plan, num_workers=1, batch_graphs=ids.shape[-1], graph_ids=ids)
-    batch = next(iter(pipeline.train_dataset(tiny_dataset, trainer.manifest, plan, 0)))
-    loss, grads = trainer.gradients([batch])
+    batch = next(iter(pipeline.train_dataset(tiny_dataset, trainer.data.manifest, plan, 0)))
+    loss, grads = trainer.step.gradients([batch])
     return loss, grads, trainer.evaluate("val")
 
 

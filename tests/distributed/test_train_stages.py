@@ -40,16 +40,16 @@ def run_program() -> None:
         ],
     )
     trainer = Trainer(config)
-    trainer.restore(None)  # rank 0's initial weights everywhere
-    # The first step's exchanged gradients, pipelined and (the same trainer without its
-    # pipeline, recompiled) plain: data x pipeline parallelism gives data parallelism's step.
-    batch = next(trainer.batches(0, 0))
-    piped_loss, piped_grads = trainer.gradients(batch)
-    pipeline, trainer.pipeline = trainer.pipeline, None
-    trainer._build_steps()
-    plain_loss, plain_grads = trainer.gradients(batch)
-    trainer.pipeline = pipeline
-    trainer._build_steps()
+    trainer.state.restore(None)  # rank 0's initial weights everywhere
+    # The first step's exchanged gradients, staged and (the same trainer without its
+    # stages, recompiled) plain: data x stage parallelism gives data parallelism's step.
+    batch = next(trainer.data.batches(0, 0, trainer.size.steps_per_epoch))
+    piped_loss, piped_grads = trainer.step.gradients(batch)
+    stages, trainer.step.stages = trainer.step.stages, None
+    trainer.step.build()
+    plain_loss, plain_grads = trainer.step.gradients(batch)
+    trainer.step.stages = stages
+    trainer.step.build()
     difference = max(
         float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-12))
         for a, b in zip(piped_grads, plain_grads)
@@ -65,12 +65,12 @@ def run_program() -> None:
                 "pipeline": info["pipeline"],
                 "input_mode": info["input_mode"],
                 "num_workers": trainer.workers.num_replicas,
-                "devices": trainer.pipeline.devices,
+                "devices": trainer.step.stages.devices,
                 "loss_difference": abs(piped_loss - plain_loss) / plain_loss,
                 "grad_difference": difference,
                 "initial_val": initial_val,
                 "epochs": [{"steps": e.steps, "val": e.val} for e in epochs],
-                "weights": [float(np.abs(v.numpy()).sum()) for v in trainer.variables],
+                "weights": [float(np.abs(v.numpy()).sum()) for v in trainer.state.variables],
             }
         )
     )

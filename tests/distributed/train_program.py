@@ -38,11 +38,11 @@ def main() -> None:
         )
 
     trainer = Trainer(config("a"))
-    trainer.restore(out / "a" / "no-checkpoint")  # the broadcast of rank 0's initial weights
-    initial = [v.numpy() for v in trainer.variables]
-    plan = trainer.plan(0)
-    batches = next(trainer.batches(0, 0))
-    loss, grads = trainer.gradients(batches)
+    trainer.state.restore(out / "a" / "no-checkpoint")  # the broadcast of rank 0's initial weights
+    initial = [v.numpy() for v in trainer.state.variables]
+    plan = trainer.data.plan(0)
+    batches = next(trainer.data.batches(0, 0, trainer.size.steps_per_epoch))
+    loss, grads = trainer.step.gradients(batches)
     val = trainer.evaluate("val")
     rank = trainer.workers.rank
     if rank == 0:
@@ -55,7 +55,7 @@ def main() -> None:
         )
     info_a = fit(trainer)
     losses_a = [e.train_loss for e in _epochs(out / "a")]
-    weights = [float(np.abs(v.numpy()).sum()) for v in trainer.variables]
+    weights = [float(np.abs(v.numpy()).sum()) for v in trainer.state.variables]
     trainer_b = Trainer(config("b"))
     fit(trainer_b)
     losses_b = [e.train_loss for e in _epochs(out / "b")]

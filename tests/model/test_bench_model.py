@@ -7,6 +7,7 @@ import json
 import pytest
 
 from hvdtrack.bench import model as bench
+from hvdtrack.bench import profile
 
 
 def test_benchmark_times_the_trainers_step_and_writes_records(tmp_path, capsys):
@@ -25,7 +26,7 @@ def test_benchmark_times_the_trainers_step_and_writes_records(tmp_path, capsys):
     assert [(r["nodes"], r["edges"]) for r in records] == [(20, 60), (40, 60)]
     assert len(records[0]["step"]["seconds"]) == 1
     shares = records[0]["breakdown"]
-    assert set(shares) == set(bench.CATEGORIES)
+    assert set(shares) == set(profile.CATEGORIES)
     assert shares["matmul"] > 0 and shares["optimizer"] > 0 and shares["segment sum"] > 0
 
 
@@ -44,12 +45,12 @@ def test_benchmark_times_the_trainers_step_and_writes_records(tmp_path, capsys):
     ],
 )
 def test_op_categories(name, category):
-    assert bench.op_category(name, "adam") == category
+    assert profile.op_category(name, "adam") == category
 
 
 def test_breakdown_sums_by_category():
     ops = [("a/MatMul:MatMul", 1.0), ("adam/x:Mul", 0.25), ("b:GatherV2", 0.5), ("c:Add", 2.0)]
-    seconds = bench.breakdown(ops, "adam")
+    seconds = profile.breakdown(ops, "adam")
     assert seconds == {
         "matmul": 1.0, "gather": 0.5, "segment sum": 0.0, "layer norm": 0.0,
         "optimizer": 0.25, "other": 2.0,

@@ -51,7 +51,7 @@ def test_each_mode_against_its_own_baseline_and_one_comparison(mode_runs):
     built = report.build_report(mode_runs)
     assert list(built.table["training_mode"].unique()) == [
         "graphs",
-        "graphs, pipeline 2x5",
+        "graphs, stages 2x5",
         "subgraphs",
     ]
     md = render_markdown(built)
@@ -64,12 +64,12 @@ def test_each_mode_against_its_own_baseline_and_one_comparison(mode_runs):
     # The pipeline: no N=1 run, so no speedup or efficiency; 2 workers x 2 stages = 4 devices:
     # 4 x 50/3600 x $3 = $0.167, 10 W x 4 x 50 s = 2.00 kJ.
     assert "| 2 | 50.00 | n/a | n/a | $0.167 | 2.00 kJ (estimate) |" in md
-    assert "graphs, pipeline 2x5: no N=1 run, so no speedup or efficiency" in md
+    assert "graphs, stages 2x5: no N=1 run, so no speedup or efficiency" in md
     # Compared per (mode, N): edges per epoch 2 steps x 8 graphs x 100 over the workers.
     assert "| mode | N | epoch s | edges/s | cost/epoch | energy/epoch | val loss | AUC |" in md
     assert "| graphs | 1 | 100.00 | 16.0 | $0.0833 | 1.00 kJ (estimate) | 0.0412 | 0.991 |" in md
     assert (
-        "| graphs, pipeline 2x5 | 2 | 50.00 | 32.0 | $0.167 | 2.00 kJ (estimate) | 0.0412 | 0.991 "
+        "| graphs, stages 2x5 | 2 | 50.00 | 32.0 | $0.167 | 2.00 kJ (estimate) | 0.0412 | 0.991 "
         "| 0.958 | 0.957 |" in md
     )
     assert "| subgraphs | 1 | 40.00 | 40.0 | $0.0333 | 400 J (estimate) | 0.0500 | 0.980 " in md
@@ -88,7 +88,7 @@ def test_mode_columns_in_the_files(mode_runs, tmp_path):
     paths = report.write_report(report.build_report(mode_runs), tmp_path / "o")
     rows = list(csv.DictReader(paths["csv"].open()))
     assert [(r["training_mode"], r["n"]) for r in rows][-3:] == [
-        ("graphs, pipeline 2x5", "2"),
+        ("graphs, stages 2x5", "2"),
         ("subgraphs", "1"),
         ("subgraphs", "2"),
     ]

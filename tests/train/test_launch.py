@@ -17,7 +17,7 @@ from hvdtrack.distributed.launch import (
     wait_for_dataset,
 )
 from hvdtrack.errors import ConfigError, DataError
-from hvdtrack.prepare.jobs import prepare_dataset
+from hvdtrack.prepare.local import prepare_dataset
 from tests.launch import REPO, worker_env
 
 

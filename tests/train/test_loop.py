@@ -12,7 +12,7 @@ from hvdtrack.train.trainer import Trainer
 
 
 def weights(trainer):
-    return [v.numpy() for v in trainer.variables]
+    return [v.numpy() for v in trainer.state.variables]
 
 
 def test_loss_falls_and_the_step_compiles_once(tiny_config):
@@ -29,7 +29,7 @@ def test_loss_falls_and_the_step_compiles_once(tiny_config):
         if r["kind"] == "step"
     }
     assert len(sizes) > 3
-    assert trainer.trace_count() == 1
+    assert trainer.step.trace_count() == 1
 
 
 def test_run_directory_contents(tiny_config):
@@ -61,13 +61,15 @@ def test_resume_continues_exactly(tiny_config):
     # 4 steps per epoch: stop in the middle of epoch 2, then run the same command again.
     first = Trainer(tiny_config("train.epochs=3", "train.stop_after_steps=6", run="resumed"))
     assert fit(first)["status"] == "stopped"
-    assert (int(first.epoch.numpy()), int(first.step_in_epoch.numpy())) == (1, 2)
+    assert (int(first.state.epoch.numpy()), int(first.state.step_in_epoch.numpy())) == (1, 2)
     second = Trainer(tiny_config("train.epochs=3", run="resumed"))
     info = fit(second)
     assert info["status"] == "finished"
     for a, b in zip(weights(straight), weights(second)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-    assert int(second.optimizer.step.numpy()) == int(straight.optimizer.step.numpy()) == 12
+    assert (
+        int(second.state.optimizer.step.numpy()) == int(straight.state.optimizer.step.numpy()) == 12
+    )
     # Timing records of both invocations are kept, each step once.
     steps = [
         (r["epoch"], r["step"])
@@ -145,7 +147,7 @@ def test_checkpoint_scores_new_graphs(tiny_config, tiny_dataset):
     fit(trainer)
     model, loaded = load_classifier(config.train.run_dir, "latest")
     assert loaded.model == config.model
-    for a, b in zip(model.trainable_variables, trainer.variables):
+    for a, b in zip(model.trainable_variables, trainer.state.variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     graphs = [g for _, g in read_split_graphs(tiny_dataset, open_dataset(tiny_dataset), "test")]
     scores = score_graphs(model, graphs)

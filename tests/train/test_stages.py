@@ -46,7 +46,7 @@ def test_bubble_fraction_is_gpipes():
     assert bubble_fraction(4, 10) == pytest.approx(3 / 13)
 
 
-@pytest.mark.parametrize("key", ["stages", "micro_batches"])
+@pytest.mark.parametrize("key", ["num_stages", "micro_batches"])
 def test_bad_settings_are_refused_naming_the_key(key):
     with pytest.raises(ConfigError, match=f"'{key}'"):
         StagesConfig(**{key: 0})

@@ -42,7 +42,7 @@ def tiny_run(tmp_path_factory, tiny_dataset):
 
 
 def test_evaluate_writes_metrics_plots_submissions_and_tensorboard(tiny_run, capsys):
-    from hvdtrack.evaluate import main
+    from hvdtrack.evaluate.__main__ import main
 
     assert main(["--run", str(tiny_run)]) == 0
     printed = capsys.readouterr().out
@@ -74,7 +74,7 @@ def test_evaluate_split_keeps_the_edge_metrics(tiny_run):
 
 
 def test_evaluate_names_what_is_missing(tiny_run, tmp_path):
-    from hvdtrack.evaluate import evaluate_run
+    from hvdtrack.evaluate.run import evaluate_run
 
     with pytest.raises(ConfigError, match=r"nowhere: no such run directory"):
         evaluate_run(tmp_path / "nowhere")

@@ -4,6 +4,7 @@ import io
 import logging
 
 import pytest
+from tqdm import tqdm
 
 from hvdtrack.utils import console
 
@@ -114,7 +115,7 @@ def test_format_eta(seconds, text):
 def test_plain_lines_once_per_interval_without_carriage_returns():
     out, clock = io.StringIO(), FakeClock()
     bar = console.progress(True, 20, 0, 2, 24, stream=out, interval=30, clock=clock)
-    assert isinstance(bar, console.LineProgress)
+    assert isinstance(bar, console.EpochProgress) and isinstance(bar.bar, console.LineProgress)
     # Step 0 takes 20 s (tracing), then 5 s per step.
     for step, seconds in enumerate([20] + [5] * 19):
         clock.now += seconds
@@ -166,7 +167,7 @@ def test_a_resumed_epoch_counts_from_its_initial_step():
 def test_terminal_gets_a_tqdm_bar():
     out = Terminal()
     bar = console.progress(True, 4, 0, 0, 2, stream=out, clock=FakeClock())
-    assert isinstance(bar, console.BarProgress)
+    assert isinstance(bar, console.EpochProgress) and isinstance(bar.bar, tqdm)
     for step in range(4):
         bar.update(step, 0.5, 100.0)
     assert bar.bar.n == 4
@@ -205,13 +206,20 @@ def test_counter_plain_lines_and_terminal_bar():
 
 
 def test_prepare_progress_has_no_carriage_returns_in_logs(capsys):
-    from hvdtrack.prepare.jobs import _bar
-
-    bar = _bar(True, 3)
+    # The default stream is sys.stderr, captured here as a file that is not a terminal.
+    clock = FakeClock()
+    count = console.counter(True, 3, "prepare", "event", interval=1, clock=clock)
+    assert isinstance(count, console.LineProgress)
     for _ in range(3):
-        bar.update(1)
-    bar.close()
-    assert "\r" not in capsys.readouterr().err
+        clock.now += 2
+        count.update(1)
+    count.close()
+    err = capsys.readouterr().err
+    assert err == (
+        "[prepare] 1/3 events 0.5 events/s eta 0:00:04\n"
+        "[prepare] 2/3 events 0.5 events/s eta 0:00:02\n"
+    )
+    assert "\r" not in err
 
 
 # ----------------------------------------------------------------------------------- summaries

@@ -1,67 +1,32 @@
-"""What the training loop writes besides its timing records: checkpoints, and the TensorBoard and
-console summaries (the chief writes, the other ranks stay quiet).
+"""What a run writes to TensorBoard and the console besides its timing records (the chief
+writes, the other ranks stay quiet): hyperparameters, step and epoch scalars, each rank's time
+accounts and memory, the profiler window.
 
-Public symbols: ``Checkpoints``, ``Summaries``.
+Public symbols: ``Summaries``.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import tensorflow as tf
 
+from hvdtrack.config import Config
 from hvdtrack.runs import rundir, timing
-from hvdtrack.train.trainer import StepTimes, Trainer
 from hvdtrack.utils import console
 
 log = logging.getLogger(console.LOGGER_NAME)
 
 
-class Checkpoints:
-    """The run's checkpoints: the newest in RUN/checkpoints, the best by validation loss in RUN/best."""
-
-    def __init__(self, trainer: Trainer, run_dir: Path):
-        self.trainer = trainer
-        self.directory = run_dir / "checkpoints"
-        keep = trainer.config.train.keep_checkpoints
-        self.latest = tf.train.CheckpointManager(
-            trainer.checkpoint, str(self.directory), max_to_keep=keep
-        )
-        self.best = tf.train.CheckpointManager(
-            trainer.checkpoint, str(run_dir / "best"), max_to_keep=1
-        )
-        self.saved_at = time.monotonic()
-
-    def due(self) -> bool:
-        """True when ``train.checkpoint_every_minutes`` have passed since the last save."""
-        minutes = self.trainer.config.train.checkpoint_every_minutes
-        return minutes is not None and time.monotonic() - self.saved_at >= 60 * minutes
-
-    def save(self, epoch: int, step: int) -> None:
-        """Saves the state to resume at (epoch, step); every rank returns after the chief wrote."""
-        self.saved_at = time.monotonic()
-        t = self.trainer
-        t.epoch.assign(epoch)
-        t.step_in_epoch.assign(step)
-        if t.workers.is_chief:
-            # Numbered by optimizer step: steps per epoch change in an elastic run.
-            self.latest.save(checkpoint_number=int(t.optimizer.step.numpy()))
-        t.workers.barrier()
-
-    def save_best(self, number: int) -> None:
-        if self.trainer.workers.is_chief:
-            self.best.save(checkpoint_number=number)
-
-
 class Summaries:
     """TensorBoard and console output: the chief writes, the other ranks stay quiet."""
 
-    def __init__(self, trainer: Trainer, run_dir: Path):
-        self.t = trainer
-        self.tc = trainer.config.train
-        self.chief = trainer.workers.is_chief
+    def __init__(self, config: Config, workers, run_dir: Path):
+        self.config = config
+        self.tc = config.train
+        self.workers = workers  # the distribution seam (``hvdtrack.distributed.workers``)
+        self.chief = workers.is_chief
         self.writer = (
             tf.summary.create_file_writer(str(run_dir / "tensorboard"))
             if self.chief
@@ -70,14 +35,17 @@ class Summaries:
         self.profile_dir = str(run_dir / "tensorboard")
         self.profiling = False
 
-    def start(self, start_epoch: int) -> None:
-        t, tc, workers = self.t, self.tc, self.t.workers
-        rundir.write_hparams(self.writer, t.config, workers.num_replicas, t.global_batch)
+    def start(self, global_batch: int, learning_rate: float, steps: int, imbalance: float) -> None:
+        """The run's hyperparameters to TensorBoard and its shape to the console: graphs per
+        step over all workers, the scaled learning rate, steps per epoch and the first epoch's
+        mean max/mean edges per worker per step."""
+        tc, workers = self.tc, self.workers
+        rundir.write_hparams(self.writer, self.config, workers.num_replicas, global_batch)
         log.info(
             f"{workers.name}: {workers.num_replicas} workers ({workers.threads} threads each), "
-            f"global batch {t.global_batch} graphs, learning rate {t.learning_rate:.3g} "
-            f"({tc.lr_scaling} scaling of {tc.learning_rate:g}), {t.steps_per_epoch} steps/epoch, "
-            f"edge imbalance max/mean per step {t.plan(start_epoch).mean_imbalance:.3f}"
+            f"global batch {global_batch} graphs, learning rate {learning_rate:.3g} "
+            f"({tc.lr_scaling} scaling of {tc.learning_rate:g}), {steps} steps/epoch, "
+            f"edge imbalance max/mean per step {imbalance:.3f}"
         )
 
     def profile(self, global_step: int) -> None:
@@ -94,15 +62,18 @@ class Summaries:
             self.profiling = False
             tf.profiler.experimental.stop()
 
-    def step(self, global_step: int, times: StepTimes, step_edges: int, imbalance: float) -> None:
+    def step(self, global_step: int, times, graphs: int, edges: int, imbalance: float) -> None:
+        """One optimizer step (``times``: a ``train.step.StepTimes``) over ``graphs`` graphs
+        and ``edges`` edges of all workers, every ``train.log_every_steps`` steps."""
         if not (self.chief and global_step % self.tc.log_every_steps == 0):
             return
-        workers = self.t.workers.num_replicas
+        workers = self.workers.num_replicas
+        step_edges = edges
         with self.writer.as_default(step=global_step):
             tf.summary.scalar("train/loss", times.loss)
             tf.summary.scalar("train/learning_rate", times.learning_rate)
             tf.summary.scalar("train/grad_norm", times.grad_norm)
-            tf.summary.scalar("throughput/graphs_per_s", self.t.global_batch / times.total_s)
+            tf.summary.scalar("throughput/graphs_per_s", graphs / times.total_s)
             tf.summary.scalar("throughput/edges_per_s", step_edges / times.total_s)
             tf.summary.scalar(
                 "throughput/edges_per_s_per_worker", step_edges / times.total_s / workers

@@ -1,0 +1,141 @@
+"""The evaluation of a trained run on a split (``python -m hvdtrack.evaluate`` describes it).
+
+Scores every graph of the split with the run's checkpoint (``score_events``), builds and scores
+tracks per event (``tracking``), and writes ``RUN/evaluate-SPLIT/``: the submissions, plots and
+TensorBoard records (``outputs``), then ``metrics.json``.
+
+Public symbols: ``ScoredSplit``, ``open_run``, ``score_events``, ``evaluate_run``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from hvdtrack.config import Config, DataConfig
+from hvdtrack.errors import ConfigError
+from hvdtrack.evaluate import outputs, tracking
+from hvdtrack.evaluate.inference import load_classifier, score_split
+from hvdtrack.model import metrics as edge_lib
+from hvdtrack.model.classifier import SegmentClassifier
+from hvdtrack.records.manifest import Manifest, open_dataset
+from hvdtrack.tracks import building
+from hvdtrack.utils.io import write_json
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoredSplit:
+    """The edge scores of a split. ``by_event``: event id -> [(graph, its edge scores)];
+    ``scores``, ``labels``: every edge, by event; ``edges``: the edge metrics."""
+
+    by_event: dict[int, list]
+    scores: np.ndarray
+    labels: np.ndarray
+    edges: dict
+
+    @property
+    def graphs(self) -> int:
+        return sum(len(sections) for sections in self.by_event.values())
+
+
+def open_run(
+    run_dir: Path, checkpoint: str, dataset_dir: Optional[str], split: str
+) -> tuple[SegmentClassifier, Config, DataConfig, Manifest]:
+    """The run's model and config, its data section (``dataset_dir`` when given) and the
+    dataset's manifest, which must hold ``split``."""
+    if not run_dir.is_dir():
+        raise ConfigError(
+            f"{run_dir}: no such run directory - give --run the run_dir of a trained run"
+        )
+    model, config = load_classifier(run_dir, checkpoint)
+    data = dataclasses.replace(config.data, dataset_dir=dataset_dir or config.data.dataset_dir)
+    manifest = open_dataset(data.dataset_dir, splits=[split], required=[split])
+    return model, config, data, manifest
+
+
+def score_events(
+    model: SegmentClassifier, config: Config, data: DataConfig, manifest: Manifest, split: str
+) -> ScoredSplit:
+    """Scores every graph of ``split`` with ``model``; the edge metrics at the config's
+    ``train.thresholds``."""
+    by_event: dict[int, list] = collections.defaultdict(list)
+    for graph, scores in score_split(
+        model, data.dataset_dir, manifest, split, config.train.batch_graphs
+    ):
+        by_event[graph.event_id].append((graph, scores))
+    parts = [p for event in by_event.values() for p in event]
+    scores = np.concatenate([s for _, s in parts])
+    labels = np.concatenate([g.labels for g, _ in parts])
+    edges = edge_lib.edge_metrics(scores, labels, config.train.thresholds)
+    return ScoredSplit(by_event, scores, labels, edges)
+
+
+def evaluate_run(
+    run_dir: str | Path,
+    split: str = "test",
+    checkpoint: str = "best",
+    dataset_dir: Optional[str] = None,
+    threshold: Optional[float] = None,
+    pt_min: Optional[float] = None,
+    min_hits: int = 5,
+    min_track_hits: int = 3,
+) -> dict:
+    """Evaluates a run on a split and writes ``RUN/evaluate-SPLIT/`` (see ``hvdtrack.evaluate``).
+
+    Args:
+      run_dir: a training run directory.
+      split: the dataset split to evaluate.
+      checkpoint: "best", "latest" or a checkpoint path.
+      dataset_dir: the dataset (default: the run's ``data.dataset_dir``).
+      threshold: edge score threshold (default: the run's first ``train.thresholds``).
+      pt_min: reconstructable particles have pT > pt_min (default: the graphs' pT cut) ...
+      min_hits: ... and at least this many hits in the graphs.
+      min_track_hits: tracks of fewer hits are dropped.
+
+    Returns:
+      The metrics written to ``metrics.json``.
+
+    Raises:
+      ConfigError: no run directory, config or checkpoint; DataError: no such split, damaged
+      records, or truth that does not fit the graphs.
+    """
+    started = time.perf_counter()
+    run_dir = Path(run_dir)
+    model, config, data, manifest = open_run(run_dir, checkpoint, dataset_dir, split)
+    threshold = config.train.thresholds[0] if threshold is None else threshold
+    pt_min = data.graph.pt_min if pt_min is None else pt_min
+    scored = score_events(model, config, data, manifest, split)
+
+    out = run_dir / f"evaluate-{split}"
+    (out / "submissions").mkdir(parents=True, exist_ok=True)
+    limits = (threshold, pt_min, min_hits, min_track_hits)
+    tracks = tracking.evaluate_tracks(scored.by_event, data, *limits, out / "submissions")
+    result = {
+        "run_dir": str(run_dir),
+        "split": split,
+        "checkpoint": checkpoint,
+        "step": outputs.checkpoint_step(run_dir, checkpoint),
+        "dataset_dir": str(data.dataset_dir),
+        "events": len(scored.by_event),
+        "graphs": scored.graphs,
+        "threshold": threshold,
+        "reconstructable": {"pt_min": pt_min, "min_hits": min_hits},
+        "min_track_hits": min_track_hits,
+        "submissions_from": building.METHODS[0],
+        "edges": scored.edges,
+        "tracks": tracks,
+    }
+    title = f"{run_dir.name}, {split} split"
+    figures = outputs.make_figures(
+        scored.scores, scored.labels, scored.edges, tracks, threshold, title
+    )
+    outputs.write_figures(out, figures)
+    outputs.write_tensorboard(run_dir, split, result["step"], scored.edges, tracks, figures)
+    result["seconds"] = round(time.perf_counter() - started, 2)
+    write_json(out / "metrics.json", result)
+    return result

@@ -1,0 +1,93 @@
+"""The distributed bench: the runs it launches, and its figures from finished run directories."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hvdtrack.bench import distributed
+from tests.scaling.conftest import write_synthetic_run
+
+# name -> (workers, epoch_s[epoch][rank], per-worker batch), global batch 2
+RUNS = {
+    "local": (1, [[13.0], [12.5], [12.6]], 2),
+    "mirrored1": (1, [[13.0], [12.5], [12.7]], 2),
+    "mirrored2": (1, [[9.0], [8.1], [8.2]], 1),
+    "sweep/strong-np1": (1, [[14.0], [13.5], [13.6]], 2),
+    "sweep/strong-np2": (2, [[8.0, 8.1], [7.5, 7.6], [7.4, 7.7]], 1),
+}
+
+
+def test_report_only_computes_the_figures_of_the_runs_in_out(tmp_path, capsys):
+    out = tmp_path / "bench"
+    for name, (n, epoch_s, batch) in RUNS.items():
+        write_synthetic_run(
+            out / name,
+            n,
+            epoch_s=epoch_s,
+            step_s=[0.7, 0.65, 0.62, 0.6, 0.61, 0.63],
+            batch_graphs=batch,
+            global_batch_graphs=2,
+            info={"edges_processed": 1200},
+        )
+    args = ["--out", str(out), "--epochs", "3", "--report-only", "--json", str(tmp_path / "f.json")]
+    assert distributed.main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        lines[1]
+        == "Same global work (2 graphs/step), one thread per worker, 3 epochs (first excluded):"
+    )
+    assert [line.split()[0] for line in lines[3:8]] == [
+        "local",
+        "mirrored1",
+        "mirrored2",
+        "np1",
+        "np2",
+    ]
+    assert lines[3].split()[1:] == ["12.55", "1.23", "0.6150"]
+    assert lines[8].startswith("  horovod strong-scaling efficiency t1/(2*t2): 0.886 on epochs")
+    assert lines[9].startswith("  mirrored strong-scaling efficiency t1/(2*t2): 0.773 on epochs")
+    assert lines[10] == "  Horovod overhead on one rank: +8.0% on epochs (+0.0% on steps)"
+    figures = json.loads((tmp_path / "f.json").read_text())
+    assert list(figures)[:9] == [
+        "config", "global_batch_graphs", "epochs", "epoch_s", "median_step_s",
+        "edges_per_epoch", "horovod_overhead_epoch", "horovod_overhead_step", "epoch_step_sum_s",
+    ]  # fmt: skip
+    assert figures["edges_per_epoch"] == 400.0
+    assert figures["horovod_strong_efficiency_epoch"] == pytest.approx(13.55 / (2 * 7.65))
+    assert figures["mirrored_strong_efficiency_epoch"] == pytest.approx(12.6 / (2 * 8.15))
+
+
+def test_it_prepares_then_trains_local_mirrored_and_a_horovod_sweep(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(distributed.subprocess, "run", lambda cmd, check: calls.append(cmd))
+    monkeypatch.setattr(distributed, "run_sweep", lambda plan, skip_prepare: calls.append(plan))
+
+    def stop(path):
+        raise StopIteration(path)
+
+    monkeypatch.setattr(distributed, "read_run", stop)
+    with pytest.raises(StopIteration):
+        distributed.main(["--out", str(tmp_path), "--max-steps", "5", "--controller", "mpi"])
+    prepare, local, mirrored1, mirrored2, plan = calls
+    assert prepare[1:3] == ["-m", "hvdtrack.prepare"]
+    common = ["train.epochs=4", "train.progress_bar=false", "distributed.threads_per_worker=1"]
+    common += ["train.validate_every_epochs=1000", "train.max_steps_per_epoch=5"]
+    assert local[5:] == [
+        *common, "distributed.strategy=local", "train.batch_graphs=2",
+        f"train.run_dir={tmp_path / 'local'}", "train.resume=false",
+    ]  # fmt: skip
+    for n, command in ((1, mirrored1), (2, mirrored2)):
+        assert command[5:] == [
+            *common, "distributed.strategy=mirrored", f"distributed.num_cpu_devices={n}",
+            f"distributed.threads_per_worker={n}", f"train.batch_graphs={2 // n}",
+            f"train.run_dir={tmp_path / f'mirrored{n}'}", "train.resume=false",
+        ]  # fmt: skip
+    assert (plan.mode, plan.nps, plan.controller, plan.batches) == (
+        "strong",
+        (1, 2),
+        "mpi",
+        {1: 2, 2: 1},
+    )
+    assert plan.overrides == (*common, "train.resume=false")
