@@ -170,8 +170,8 @@ class _RunState:
         self._records.resets = list(fit.resets)  # with the restart that led here
         mine = dataclasses.asdict(self._records) if fit.workers.is_chief else None
         records = self.hvd.broadcast_object(mine, root_rank=0, name="elastic_records")
-        records["steps"] = [timing.StepRecord(**r) for r in records["steps"]]
-        records["epochs"] = [timing.EpochRecord(**r) for r in records["epochs"]]
+        records["steps"] = [timing.StepTiming(**r) for r in records["steps"]]
+        records["epochs"] = [timing.EpochTiming(**r) for r in records["epochs"]]
         self._adopt(_Records(**records))
         self.save()
 

@@ -8,19 +8,19 @@ is the one definition of their format. A run directory holds two files written b
   the resolved config. Built with ``hvdtrack.runs.runinfo.make_run_info``; extra keys are
   kept and ignored.
 - ``timing.jsonl``: one JSON object per line, a header ``{"kind": "header", "schema": 2}`` then
-  ``{"kind": "step", ...StepRecord fields}`` and ``{"kind": "epoch", ...EpochRecord fields}``.
+  ``{"kind": "step", ...StepTiming fields}`` and ``{"kind": "epoch", ...EpochTiming fields}``.
 
 Every second of an epoch on a rank is accounted for. The epoch's wall time runs from the end of
 the previous epoch's record to the end of this one's and splits into ``EPOCH_PARTS``: the steps'
 data wait, compute and gradient exchange, the input pipeline's start and end, validation,
 checkpoints, summaries (TensorBoard, console) and records (gathering and writing the previous
-epoch's records); what is left is ``EpochRecord.rest_s``. The time spent waiting for slower ranks
+epoch's records); what is left is ``EpochTiming.rest_s``. The time spent waiting for slower ranks
 at the gradient exchange is derived from all ranks' step records by ``collective_waits``.
 
 ``write_run`` may be called at every epoch end with the cumulative lists: both files are replaced
 atomically, timing first, so a reader never sees ``status: finished`` before the final timing.
 
-Public symbols: ``StepRecord``, ``EpochRecord``, ``EPOCH_PARTS``, ``PartClock``, ``Run``,
+Public symbols: ``StepTiming``, ``EpochTiming``, ``EPOCH_PARTS``, ``PartClock``, ``Run``,
 ``collective_waits``, ``epoch_accounts``, ``REST_LIMIT``, ``write_run``, ``read_run``,
 ``RUN_INFO_FILE``, ``TIMING_FILE``, ``SCHEMA_VERSION``.
 """
@@ -52,7 +52,7 @@ from hvdtrack.utils.io import atomic_write, write_json
 RUN_INFO_FILE = "run.json"
 TIMING_FILE = "timing.jsonl"
 SCHEMA_VERSION = 2
-# The parts of an epoch's wall time on one rank, in seconds (fields of EpochRecord).
+# The parts of an epoch's wall time on one rank, in seconds (fields of EpochTiming).
 EPOCH_PARTS = (
     "data_s",
     "compute_s",
@@ -91,7 +91,7 @@ class PartClock:
 
 
 @dataclasses.dataclass(frozen=True)
-class StepRecord:
+class StepTiming:
     """Wall-clock times of one training step on one rank.
 
     Attributes:
@@ -119,13 +119,13 @@ class StepRecord:
     warmup: bool
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> StepRecord:
+    def from_dict(cls, data: Mapping[str, Any]) -> StepTiming:
         """Builds a record from a mapping (e.g. a parsed JSON line); ValueError names the field."""
         return _read_record(cls, data)
 
 
 @dataclasses.dataclass(frozen=True)
-class EpochRecord:
+class EpochTiming:
     """One epoch on one rank, with its wall time split into ``EPOCH_PARTS``.
 
     Attributes:
@@ -137,7 +137,7 @@ class EpochRecord:
       steps, graphs, edges: steps taken and graphs/edges processed by this rank.
       train_loss: mean training loss (the reduced value; the same on every rank).
       val: validation metrics after the epoch (loss, auc, efficiency, purity, ...) or None.
-      data_s, compute_s, exchange_s: sums over the epoch's steps (see ``StepRecord``).
+      data_s, compute_s, exchange_s: sums over the epoch's steps (see ``StepTiming``).
       pipeline_s: building the epoch's input pipelines and ending them.
       validation_s: validation, including waiting for other ranks' parts.
       checkpoint_s: saving checkpoints, including the barrier after a save.
@@ -178,7 +178,7 @@ class EpochRecord:
         return self.wall_s - sum(getattr(self, part) for part in EPOCH_PARTS)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> EpochRecord:
+    def from_dict(cls, data: Mapping[str, Any]) -> EpochTiming:
         """Builds a record from a mapping (e.g. a parsed JSON line); ValueError names the field."""
         return _read_record(cls, data)
 
@@ -204,7 +204,7 @@ def _read_record(cls: type, data: Mapping[str, Any]) -> Any:
     return cls(**values)
 
 
-def collective_waits(steps: Sequence[StepRecord]) -> dict[tuple[int, int], float]:
+def collective_waits(steps: Sequence[StepTiming]) -> dict[tuple[int, int], float]:
     """Seconds each rank waited at the gradient exchange for slower ranks, per epoch.
 
     The exchange is one collective per step: it ends at the same moment on every rank, so the
@@ -263,8 +263,8 @@ class Run:
 
     path: Path
     info: dict[str, Any]
-    steps: list[StepRecord]
-    epochs: list[EpochRecord]
+    steps: list[StepTiming]
+    epochs: list[EpochTiming]
 
     @property
     def finished(self) -> bool:
@@ -283,8 +283,8 @@ class Run:
 def write_run(
     run_dir: str | os.PathLike,
     info: Mapping[str, Any],
-    steps: Iterable[StepRecord],
-    epochs: Iterable[EpochRecord],
+    steps: Iterable[StepTiming],
+    epochs: Iterable[EpochTiming],
 ) -> None:
     """Writes ``run_dir/timing.jsonl`` then ``run_dir/run.json``, each atomically.
 
@@ -346,8 +346,8 @@ def read_run(run_dir: str | os.PathLike) -> Run:
         raise DataError(f"{info_path}: must hold a JSON object, got {type(info).__name__}")
     check_run_info(info, str(info_path))
 
-    steps: list[StepRecord] = []
-    epochs: list[EpochRecord] = []
+    steps: list[StepTiming] = []
+    epochs: list[EpochTiming] = []
     try:
         lines = timing_path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as err:
@@ -377,10 +377,10 @@ def read_run(run_dir: str | os.PathLike) -> Run:
                     )
                 continue
             if kind == "step":
-                record: StepRecord | EpochRecord = _fast_step(data) or StepRecord.from_dict(data)
+                record: StepTiming | EpochTiming = _fast_step(data) or StepTiming.from_dict(data)
                 steps.append(record)
             elif kind == "epoch":
-                record = EpochRecord.from_dict(data)
+                record = EpochTiming.from_dict(data)
                 epochs.append(record)
             else:
                 raise ValueError(f"'kind' must be 'header', 'step' or 'epoch', got {kind!r}")
@@ -394,7 +394,7 @@ def read_run(run_dir: str | os.PathLike) -> Run:
 
 
 # ------------------------------------------------------------------------------------ internals
-def _fast_step(data: dict[str, Any]) -> Optional[StepRecord]:
+def _fast_step(data: dict[str, Any]) -> Optional[StepTiming]:
     # Runs hold up to millions of step lines: accept the common well-formed line with a few
     # exact type checks; anything unusual goes through from_dict, which names the problem.
     try:
@@ -412,6 +412,6 @@ def _fast_step(data: dict[str, Any]) -> Optional[StepRecord]:
         0 <= x < math.inf for x in (data_s, compute_s, exchange_s, total_s)
     ):
         return None
-    return StepRecord(
+    return StepTiming(
         epoch, step, rank, data_s, compute_s, exchange_s, total_s, graphs, edges, warmup
     )

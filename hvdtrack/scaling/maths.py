@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from hvdtrack.errors import DataError
-from hvdtrack.runs.timing import EpochRecord, Run, StepRecord
+from hvdtrack.runs.timing import EpochTiming, Run, StepTiming
 from hvdtrack.scaling.config import ScalingConfig
 
 STEP_FIELDS = ("data_s", "compute_s", "exchange_s", "total_s")
@@ -91,7 +91,7 @@ def epoch_work(run: Run, warmup_epochs: int = 1) -> dict[str, float]:
     """``{"graphs", "edges", "steps"}`` of one epoch (median over the timed epochs), graphs and
     edges summed over ranks, steps per rank (``epoch_time`` refuses a run without epochs)."""
     work = {"graphs": "sum", "edges": "sum", "steps": "max"}
-    per_epoch = _frame(run.epochs, EpochRecord).groupby("epoch").agg(work).astype(np.float64)
+    per_epoch = _frame(run.epochs, EpochTiming).groupby("epoch").agg(work).astype(np.float64)
     return {k: float(v) for k, v in _after_warmup(per_epoch, warmup_epochs).median().items()}
 
 
@@ -245,14 +245,14 @@ def _frame(records: Sequence[object], kind: type) -> pd.DataFrame:
 
 def _slowest_steps(run: Run) -> pd.DataFrame:
     """One row per (epoch, step), in order: the slowest rank's times, warm if any rank was."""
-    steps = _frame(run.steps, StepRecord).astype({"warmup": bool})
+    steps = _frame(run.steps, StepTiming).astype({"warmup": bool})
     return steps.groupby(["epoch", "step"]).agg(
         {**dict.fromkeys(STEP_FIELDS, "max"), "warmup": "any"}
     )
 
 
 def _whole_epochs(run: Run) -> pd.DataFrame:
-    epochs = _frame(run.epochs, EpochRecord)
+    epochs = _frame(run.epochs, EpochTiming)
     full = run.info.get("steps_per_epoch")
     return epochs if full is None else epochs[epochs["steps"] == full]
 

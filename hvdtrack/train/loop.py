@@ -62,10 +62,10 @@ class _Fit:
         self.workers = trainer.workers
         self.chief = self.workers.is_chief
         self.run_dir = Path(self.tc.run_dir)
-        self.steps: list[timing.StepRecord] = []  # this rank's, not yet gathered
-        self.epochs: list[timing.EpochRecord] = []
-        self.prior_steps: list[timing.StepRecord] = []  # every rank's, gathered
-        self.prior_epochs: list[timing.EpochRecord] = []
+        self.steps: list[timing.StepTiming] = []  # this rank's, not yet gathered
+        self.epochs: list[timing.EpochTiming] = []
+        self.prior_steps: list[timing.StepTiming] = []  # every rank's, gathered
+        self.prior_epochs: list[timing.EpochTiming] = []
         self.graphs_done = self.edges_done = 0
         self.val_metrics: dict[str, float] = {}
         self.started = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -77,7 +77,7 @@ class _Fit:
         self.commit: Callable[[], None] = lambda: None  # elastic.run sets the state's commit
         self.resets: list[dict[str, Any]] = []  # elastic restarts
         self.best_loss = math.inf
-        self.epoch_records_from = 0  # index in prior_steps of the current epoch's first step
+        self.epoch_timings_from = 0  # index in prior_steps of the current epoch's first step
         console.setup_logging(self.workers.rank, self.chief)
 
     # -- the loop -----------------------------------------------------------------------
@@ -181,7 +181,7 @@ class _Fit:
         booked = sum(clock.parts[p] for p in bookkeeping_parts)
         memory.reset_peak()
         train_start = time.perf_counter()
-        self.epoch_records_from = len(self.prior_steps)  # this epoch's steps, once gathered
+        self.epoch_timings_from = len(self.prior_steps)  # this epoch's steps, once gathered
         with clock.part("pipeline_s"):
             batches = t.data.batches(epoch, first, t.size.steps_per_epoch)
         tally = self._steps(epoch, first, batches, clock)
@@ -201,7 +201,7 @@ class _Fit:
             log.info(console.epoch_line(epoch, self.tc.epochs, train_s, tally.losses, val or {}))
         # The record's wall time ends here: what follows (its records and checkpoint) belongs
         # to the next interval.
-        self.epochs.append(self._epoch_record(epoch, first, train_s, tally, val, clock))
+        self.epochs.append(self._epoch_timing(epoch, first, train_s, tally, val, clock))
         return False, val
 
     def _save(self, epoch: int, step: int, clock: timing.PartClock, val=None) -> None:
@@ -211,7 +211,7 @@ class _Fit:
         In this order a crash between the two resumes from the previous checkpoint, and the
         resume trims the records to its position: records and checkpoints always agree."""
         with clock.part("records_s"):
-            self._write_records("running", epoch - 1 if step == 0 else None)
+            self._write_timings("running", epoch - 1 if step == 0 else None)
         with clock.part("checkpoint_s"):
             self.checkpoints.save(epoch, step)
             if val and val["loss"] < self.best_loss:
@@ -253,7 +253,7 @@ class _Fit:
                 )
             rows = slice(step * passes, (step + 1) * passes)
             step_edges = int(plan.edges[rows].sum())
-            self._step_record(epoch, step, first, times, plan, rows, tally, step_edges)
+            self._step_timing(epoch, step, first, times, plan, rows, tally, step_edges)
             self.global_step += 1
             with clock.part("summaries_s"):
                 imbalance = float(plan.step_imbalance[rows].max())
@@ -280,13 +280,13 @@ class _Fit:
         return self.preempted or (self.stop_at is not None and self.global_step >= self.stop_at)
 
     # -- records ------------------------------------------------------------------------
-    def _step_record(self, epoch, step, first, times, plan, rows, tally, step_edges) -> None:
+    def _step_timing(self, epoch, step, first, times, plan, rows, tally, step_edges) -> None:
         t, workers = self.t, self.workers
         passes = self.cfg.distributed.backward_passes_per_step
         my_graphs = self.tc.batch_graphs * passes * workers.local_replicas
         my_edges = int(plan.edges[rows][:, workers.replica_ids].sum())
         self.steps.append(
-            timing.StepRecord(
+            timing.StepTiming(
                 epoch=epoch,
                 step=step,
                 rank=workers.rank,
@@ -306,8 +306,8 @@ class _Fit:
         tally.my_graphs += my_graphs
         tally.my_edges += my_edges
 
-    def _epoch_record(self, epoch, first, train_s, tally, val, clock) -> timing.EpochRecord:
-        return timing.EpochRecord(
+    def _epoch_timing(self, epoch, first, train_s, tally, val, clock) -> timing.EpochTiming:
+        return timing.EpochTiming(
             epoch=epoch,
             rank=self.workers.rank,
             time_s=train_s,
@@ -342,11 +342,11 @@ class _Fit:
             start += int(size)
         return out
 
-    def _write_records(self, status: str, epoch: Optional[int], energy=None) -> dict[str, Any]:
+    def _write_timings(self, status: str, epoch: Optional[int], energy=None) -> dict[str, Any]:
         """Gathers every rank's new records and has the chief rewrite run.json and timing.jsonl
         (every rank runs the same steps, so every rank reaches these collectives)."""
-        new_steps = self._gather(self.steps, timing.StepRecord)
-        new_epochs = self._gather(self.epochs, timing.EpochRecord)
+        new_steps = self._gather(self.steps, timing.StepTiming)
+        new_epochs = self._gather(self.epochs, timing.EpochTiming)
         self.prior_steps += new_steps
         self.prior_epochs += new_epochs
         self.steps, self.epochs = [], []
@@ -354,7 +354,7 @@ class _Fit:
         if self.chief:
             timing.write_run(self.run_dir, info, self.prior_steps, self.prior_epochs)
             if epoch is not None:  # this epoch's records only: the cost stays per epoch
-                steps = [r for r in self.prior_steps[self.epoch_records_from :] if r.epoch == epoch]
+                steps = [r for r in self.prior_steps[self.epoch_timings_from :] if r.epoch == epoch]
                 epochs = [r for r in new_epochs if r.epoch == epoch]
                 run = timing.Run(self.run_dir, info, steps, epochs)
                 self.summaries.accounts(self.global_step, run, epoch)
@@ -449,7 +449,7 @@ class _Fit:
         reading = self.meter.stop()
         energy = dataclasses.asdict(reading)
         energy["joules"] = float(self.workers.allreduce_host(np.array([reading.joules]))[0])
-        info = self._write_records("stopped" if stopped else "finished", None, energy)
+        info = self._write_timings("stopped" if stopped else "finished", None, energy)
         note = " (stopped: run the same command again to resume)" if stopped else ""
         if self.preempted and stopped:
             got = f"{self.signals.received} here" if self.signals.received else "on another rank"

@@ -8,7 +8,7 @@ from typing import Any, Optional, Sequence
 import pytest
 
 from hvdtrack.runs.runinfo import make_run_info
-from hvdtrack.runs.timing import EPOCH_PARTS, EpochRecord, StepRecord, write_run
+from hvdtrack.runs.timing import EPOCH_PARTS, EpochTiming, StepTiming, write_run
 
 BASE_CONFIG = {
     "model": {"hidden": 64, "iterations": 4},
@@ -48,7 +48,7 @@ def write_synthetic_run(
     for rank in range(n):
         for k, total in enumerate(step_s):
             steps.append(
-                StepRecord(
+                StepTiming(
                     epoch=k // per_epoch,
                     step=k % per_epoch,
                     rank=rank,
@@ -62,7 +62,7 @@ def write_synthetic_run(
                 )
             )
     epochs = [
-        EpochRecord(
+        EpochTiming(
             epoch=e,
             rank=rank,
             time_s=epoch_s[e][rank],

@@ -124,10 +124,10 @@ def test_epoch_time_of_a_one_epoch_run_uses_that_epoch(tmp_path, synthetic_run):
 
 
 def test_an_epoch_resumed_mid_way_is_not_an_epoch_time():
-    from hvdtrack.runs.timing import EPOCH_PARTS, EpochRecord, Run
+    from hvdtrack.runs.timing import EPOCH_PARTS, EpochTiming, Run
 
     def record(epoch, steps, time_s):
-        return EpochRecord(
+        return EpochTiming(
             epoch, 0, time_s, time_s, steps, 1, 1, 0.5, None, **dict.fromkeys(EPOCH_PARTS, 0.0)
         )
 

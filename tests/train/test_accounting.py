@@ -3,16 +3,16 @@
 import pytest
 
 from hvdtrack.runs import timing
-from hvdtrack.runs.timing import EPOCH_PARTS, EpochRecord, PartClock, Run, StepRecord
+from hvdtrack.runs.timing import EPOCH_PARTS, EpochTiming, PartClock, Run, StepTiming
 
 
 def step(epoch, number, rank, exchange_s):
-    return StepRecord(epoch, number, rank, 0.01, 0.5, exchange_s, 0.6, 1, 100, False)
+    return StepTiming(epoch, number, rank, 0.01, 0.5, exchange_s, 0.6, 1, 100, False)
 
 
 def epoch_record(rank, wall_s, **parts):
     values = dict.fromkeys(EPOCH_PARTS, 0.0) | parts
-    return EpochRecord(0, rank, 1.0, wall_s, 2, 2, 200, 0.5, None, **values)
+    return EpochTiming(0, rank, 1.0, wall_s, 2, 2, 200, 0.5, None, **values)
 
 
 def test_wait_is_the_exchange_beyond_the_last_rank_to_arrive():

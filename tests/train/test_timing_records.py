@@ -8,9 +8,9 @@ import pytest
 
 from hvdtrack.errors import DataError
 from hvdtrack.runs.runinfo import hash_config, make_run_info
-from hvdtrack.runs.timing import EpochRecord, StepRecord, read_run, write_run
+from hvdtrack.runs.timing import EpochTiming, StepTiming, read_run, write_run
 
-STEP = StepRecord(
+STEP = StepTiming(
     epoch=0,
     step=0,
     rank=0,
@@ -22,7 +22,7 @@ STEP = StepRecord(
     edges=300,
     warmup=True,
 )
-EPOCH = EpochRecord(
+EPOCH = EpochTiming(
     epoch=0,
     rank=0,
     time_s=3.5,
@@ -60,7 +60,7 @@ def _info(**changes):
 
 
 def test_round_trip_keeps_every_field(tmp_path):
-    step1 = StepRecord(0, 1, 1, 0.02, 0.3, 0.05, 0.4, 2, 280, False)
+    step1 = StepTiming(0, 1, 1, 0.02, 0.3, 0.05, 0.4, 2, 280, False)
     info = _info(status="finished", metrics={"loss": 0.4, "auc": 0.93}, extra_key="kept")
     write_run(tmp_path / "run", info, [STEP, step1], [EPOCH])
     run = read_run(tmp_path / "run")
