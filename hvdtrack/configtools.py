@@ -145,24 +145,14 @@ def check(condition: bool, key: str, message: str) -> None:
 
 # ------------------------------------------------------------------------------------ internals
 def _convert(hint: Any, value: Any, key: str, source: str) -> Any:
+    """``value`` checked against type ``hint`` (and converted: nested dataclasses, tuples, float);
+    ConfigError names ``key`` and ``source``."""
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if dataclasses.is_dataclass(hint):
         return from_mapping(hint, value, key, source)
     if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _convert(arg, value, key, source)
-            except ConfigError as err:
-                errors.append(str(err))
-        raise ConfigError(
-            errors[0] if len(errors) == 1 else f"{source}: '{key}' got {_describe(value)}"
-        )
+        return _convert_union(args, value, key, source)
     if origin is Literal:
         if value not in args:
             raise ConfigError(
@@ -170,24 +160,47 @@ def _convert(hint: Any, value: Any, key: str, source: str) -> Any:
             )
         return value
     if origin in (tuple, list):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{source}: '{key}' must be a list, got {_describe(value)}")
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(value) != len(args):
-                raise ConfigError(
-                    f"{source}: '{key}' must have {len(args)} items, got {len(value)}"
-                )
-            items = [
-                _convert(a, v, f"{key}[{i}]", source) for i, (a, v) in enumerate(zip(args, value))
-            ]
-        else:
-            item = args[0] if args else Any
-            items = [_convert(item, v, f"{key}[{i}]", source) for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
+        return _convert_sequence(origin, args, value, key, source)
     if origin is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{source}: '{key}' must be a mapping, got {_describe(value)}")
         return dict(value)
+    return _convert_plain(hint, value, key, source)
+
+
+def _convert_union(args: tuple, value: Any, key: str, source: str) -> Any:
+    """``value`` as the first of the union's members ``args`` that accepts it."""
+    if value is None and type(None) in args:
+        return None
+    errors = []
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return _convert(arg, value, key, source)
+        except ConfigError as err:
+            errors.append(str(err))
+    raise ConfigError(
+        errors[0] if len(errors) == 1 else f"{source}: '{key}' got {_describe(value)}"
+    )
+
+
+def _convert_sequence(origin: type, args: tuple, value: Any, key: str, source: str) -> Any:
+    """``value`` as a tuple or list (``origin``) of items of types ``args``."""
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{source}: '{key}' must be a list, got {_describe(value)}")
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        if len(value) != len(args):
+            raise ConfigError(f"{source}: '{key}' must have {len(args)} items, got {len(value)}")
+        items = [_convert(a, v, f"{key}[{i}]", source) for i, (a, v) in enumerate(zip(args, value))]
+    else:
+        item = args[0] if args else Any
+        items = [_convert(item, v, f"{key}[{i}]", source) for i, v in enumerate(value)]
+    return tuple(items) if origin is tuple else items
+
+
+def _convert_plain(hint: Any, value: Any, key: str, source: str) -> Any:
+    """``value`` checked against a plain type: Any, bool, int, float (made a float) or str."""
     if hint is Any:
         return value
     if hint is bool:

@@ -36,7 +36,7 @@ import time  # noqa: E402
 from typing import Any, Callable, Optional, Sequence  # noqa: E402
 
 from hvdtrack.events.synthetic import SyntheticConfig, generate_event  # noqa: E402
-from hvdtrack.events.trackml import read_event, write_event  # noqa: E402
+from hvdtrack.events.trackml import Event, read_event, write_event  # noqa: E402
 from hvdtrack.graphs import realism  # noqa: E402
 from hvdtrack.graphs.construction import GraphConfig, build_hit_graphs  # noqa: E402
 from hvdtrack.graphs.report import ConstructionReport  # noqa: E402
@@ -89,7 +89,8 @@ def time_runs(fn: Callable[[], Any], repeats: int) -> tuple[Timing, Any]:
     return Timing(seconds, cpu_seconds), result
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """The command line; a usage error (exit status 2) if ``--repeats`` is below 1."""
     parser = argparse.ArgumentParser(
         prog="python -m hvdtrack.bench.construct", description=__doc__.split("\n")[0]
     )
@@ -106,50 +107,60 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
+    return args
 
-    cfg = SyntheticConfig(num_particles=args.num_particles)
-    if args.compare_real:
-        events = (generate_event(cfg, 1000 + i, args.seed) for i in range(args.events))
-        print(
-            f"{args.events} synthetic event(s) of {args.num_particles} primaries, seed "
-            f"{args.seed}; barrel graphs, default cuts, double hits removed unless stated"
-        )
-        print(realism.markdown_table(realism.compare(events)))
-        return 0
-    threads = {v: os.environ.get(v) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+
+def compare_real(args: argparse.Namespace, cfg: SyntheticConfig) -> None:
+    """Prints ``--events`` synthetic events beside the real-event figures, as a Markdown table."""
+    events = (generate_event(cfg, 1000 + i, args.seed) for i in range(args.events))
     print(
-        f"hvdtrack.bench.construct: {args.num_particles} particles, seed {args.seed}, "
-        f"{args.repeats} repeats after 1 warm-up, threads {threads}"
+        f"{args.events} synthetic event(s) of {args.num_particles} primaries, seed "
+        f"{args.seed}; barrel graphs, default cuts, double hits removed unless stated"
     )
-    records: dict[str, Any] = {"args": vars(args), "timings": {}, "graphs": {}}
+    print(realism.markdown_table(realism.compare(events)))
 
-    def record(name: str, timing: Timing) -> None:
-        records["timings"][name] = timing.seconds
-        print(f"  {name:<44s} {timing.text()}")
 
-    timing, event = time_runs(lambda: generate_event(cfg, 1000, args.seed), args.repeats)
+def record(records: dict[str, Any], name: str, timing: Timing) -> None:
+    """Keeps the seconds of ``timing`` under ``name`` in ``records`` and prints its line."""
+    records["timings"][name] = timing.seconds
+    print(f"  {name:<44s} {timing.text()}")
+
+
+def time_generation(
+    cfg: SyntheticConfig, seed: int, repeats: int, records: dict[str, Any]
+) -> Event:
+    """Times ``generate_event``; prints the event's size and the timing; returns the event."""
+    timing, event = time_runs(lambda: generate_event(cfg, 1000, seed), repeats)
     num_noise = int((event.truth.particle_id == 0).sum())
     print(
         f"event: {len(event.hits):,} hits ({num_noise:,} noise), {len(event.particles):,} particles"
     )
-    record("generate_event", timing)
+    record(records, "generate_event", timing)
+    return event
 
+
+def time_csv(event: Event, repeats: int, records: dict[str, Any]) -> None:
+    """Times ``write_event`` then ``read_event`` for plain and gzip CSVs in a temporary directory."""
     with tempfile.TemporaryDirectory(prefix="hvdtrack-bench-") as tmp:
         for compress in (False, True):
             kind = "csv.gz" if compress else "csv"
             timing, prefix = time_runs(
-                lambda c=compress: write_event(event, tmp, compress=c), args.repeats
+                lambda c=compress: write_event(event, tmp, compress=c), repeats
             )
-            record(f"write_event ({kind})", timing)
-            timing, _ = time_runs(lambda p=prefix: read_event(p), args.repeats)
-            record(f"read_event ({kind})", timing)
+            record(records, f"write_event ({kind})", timing)
+            timing, _ = time_runs(lambda p=prefix: read_event(p), repeats)
+            record(records, f"read_event ({kind})", timing)
 
+
+def time_constructions(event: Event, repeats: int, records: dict[str, Any]) -> None:
+    """Times ``build_hit_graphs`` for each of ``CONSTRUCTIONS``; prints and keeps its graphs'
+    figures and whether it meets the goal."""
     print(f"build_hit_graphs (goal: <= {GOAL_SECONDS:.0f} s per ~100k-hit event, one core):")
     for name, graph_cfg in CONSTRUCTIONS.items():
-        timing, graphs = time_runs(lambda g=graph_cfg: build_hit_graphs(event, g), args.repeats)
+        timing, graphs = time_runs(lambda g=graph_cfg: build_hit_graphs(event, g), repeats)
         report = ConstructionReport.from_graphs(graphs)
         verdict = "meets" if timing.median <= GOAL_SECONDS else "MISSES"
-        record(f"{name}", timing)
+        record(records, f"{name}", timing)
         print(
             f"      {report.num_graphs} graph(s), nodes {report.num_nodes:,} (max {report.nodes_max:,}), "
             f"edges {report.num_edges:,} (max {report.edges_max:,}), "
@@ -157,6 +168,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         )
         records["graphs"][name] = report.to_dict()
 
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs the benchmark (or ``--compare-real``) described in the module docstring."""
+    args = parse_args(argv)
+    cfg = SyntheticConfig(num_particles=args.num_particles)
+    if args.compare_real:
+        compare_real(args, cfg)
+        return 0
+    threads = {v: os.environ.get(v) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    print(
+        f"hvdtrack.bench.construct: {args.num_particles} particles, seed {args.seed}, "
+        f"{args.repeats} repeats after 1 warm-up, threads {threads}"
+    )
+    records: dict[str, Any] = {"args": vars(args), "timings": {}, "graphs": {}}
+    event = time_generation(cfg, args.seed, args.repeats, records)
+    time_csv(event, args.repeats, records)
+    time_constructions(event, args.repeats, records)
     if args.json:
         write_json(args.json, records)
         print(f"timings written to {args.json}")

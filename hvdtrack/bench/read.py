@@ -116,7 +116,8 @@ def time_epochs(
     }
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """The command line: dataset size, graphs per step and per shard, measured epochs, seed."""
     parser = argparse.ArgumentParser(
         prog="python -m hvdtrack.bench.read", description=__doc__.split("\n")[0]
     )
@@ -127,9 +128,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--graphs-per-shard", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3, help="measured epochs per setting")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    start = time.perf_counter()
+
+def encoded_dataset(args: argparse.Namespace, start: float) -> list:
+    """The random graphs encoded as records; prints their size and the time since ``start``."""
     graphs = random_graphs(args.graphs, args.nodes, args.edges, args.seed)
     encoded = [encode_graph(g) for g in graphs]
     del graphs
@@ -139,56 +142,83 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"{record_mb:.0f} MB of records; batch_graphs={args.batch_graphs}, "
         f"graphs_per_shard={args.graphs_per_shard} (made in {time.perf_counter() - start:.1f} s)"
     )
-    header = (
+    return encoded
+
+
+def write_and_open(encoded: list, dataset_dir: Path, compression: str, args: argparse.Namespace):
+    """Writes the records with ``compression`` and opens the dataset, checksums verified;
+    prints the write rate and the verification time; returns the manifest."""
+    config = RecordsConfig(
+        graphs_per_shard=args.graphs_per_shard, compression=compression, seed=args.seed
+    )
+    t0 = time.perf_counter()
+    write_dataset({"train": encoded}, dataset_dir, config)
+    t1 = time.perf_counter()
+    manifest = open_dataset(dataset_dir, verify=True)
+    t2 = time.perf_counter()
+    file_mb = sum(s.num_bytes for s in manifest.shards) / 1e6
+    print(
+        f"{compression}: wrote {file_mb:.0f} MB in {t1 - t0:.1f} s "
+        f"({file_mb / (t1 - t0):.0f} MB/s); checksums verified in {t2 - t1:.2f} s"
+    )
+    return manifest
+
+
+def result_row(compression: str, random_access: bool, num_workers: int, result: dict) -> str:
+    """One row of the table: the setting, then the figures ``time_epochs`` measured for it."""
+    who = "1 (only)" if num_workers == 1 else "0 of 2"
+    how = "offset" if random_access else "stream"
+    low, high = result["spread"]
+    balanced, unbalanced = result["imbalance"]
+    return (
+        f"{compression:<11} {how:<8} {who:<9} {result['graphs_per_s']:>9.1f} "
+        f"{result['edges_per_s'] / 1e6:>9.2f} {result['mb_per_s']:>7.0f} "
+        f"{result['scanned_mb_per_s']:>12.0f} "
+        f"{result['seconds']:>8.2f} ({low:.2f}-{high:.2f}) {result['setup']:>8.2f} "
+        f"{balanced:>7.3f} / {unbalanced:.3f}"
+    )
+
+
+def measure_compression(
+    encoded: list, dataset_dir: Path, compression: str, args: argparse.Namespace
+) -> list[str]:
+    """Writes the dataset with one compression and times worker 0 of 1 and of 2 in each reading
+    mode (by offset and streamed uncompressed, streamed only for gzip); returns the table rows."""
+    manifest = write_and_open(encoded, dataset_dir, compression, args)
+    modes = (True, False) if compression == "none" else (False,)
+    rows = []
+    for random_access, num_workers in itertools.product(modes, (1, 2)):
+        result = time_epochs(
+            dataset_dir, manifest, num_workers, 0, args.batch_graphs, args.repeats, random_access
+        )
+        rows.append(result_row(compression, random_access, num_workers, result))
+    return rows
+
+
+def print_table(rows: list[str], start: float) -> None:
+    """Prints the table of results with its header and legend, then the time since ``start``."""
+    print(
         f"{'compression':<11} {'reading':<8} {'workers':<9} {'graphs/s':>9} {'Medges/s':>9} {'MB/s':>7} "
         f"{'scanned MB/s':>12} {'epoch s (min-max)':>20} {'setup s':>7} {'edge imbalance':>16}"
     )
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="hvdtrack-bench-read-") as tmp:
-        for compression in ("none", "gzip"):
-            dataset_dir = Path(tmp) / compression
-            config = RecordsConfig(
-                graphs_per_shard=args.graphs_per_shard, compression=compression, seed=args.seed
-            )
-            t0 = time.perf_counter()
-            write_dataset({"train": encoded}, dataset_dir, config)
-            t1 = time.perf_counter()
-            manifest = open_dataset(dataset_dir, verify=True)
-            t2 = time.perf_counter()
-            file_mb = sum(s.num_bytes for s in manifest.shards) / 1e6
-            print(
-                f"{compression}: wrote {file_mb:.0f} MB in {t1 - t0:.1f} s "
-                f"({file_mb / (t1 - t0):.0f} MB/s); checksums verified in {t2 - t1:.2f} s"
-            )
-            modes = (True, False) if compression == "none" else (False,)
-            for random_access, num_workers in itertools.product(modes, (1, 2)):
-                result = time_epochs(
-                    dataset_dir,
-                    manifest,
-                    num_workers,
-                    0,
-                    args.batch_graphs,
-                    args.repeats,
-                    random_access,
-                )
-                who = "1 (only)" if num_workers == 1 else "0 of 2"
-                how = "offset" if random_access else "stream"
-                low, high = result["spread"]
-                balanced, unbalanced = result["imbalance"]
-                rows.append(
-                    f"{compression:<11} {how:<8} {who:<9} {result['graphs_per_s']:>9.1f} "
-                    f"{result['edges_per_s'] / 1e6:>9.2f} {result['mb_per_s']:>7.0f} "
-                    f"{result['scanned_mb_per_s']:>12.0f} "
-                    f"{result['seconds']:>8.2f} ({low:.2f}-{high:.2f}) {result['setup']:>8.2f} "
-                    f"{balanced:>7.3f} / {unbalanced:.3f}"
-                )
-    print(header)
     print("\n".join(rows))
     print(
         "edge imbalance: mean over steps of max/mean edges per worker, balanced plan / "
         "consecutive assignment (1.000 with one worker)"
     )
     print(f"total {time.perf_counter() - start:.1f} s")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs the benchmark described in the module docstring; returns the exit status."""
+    args = parse_args(argv)
+    start = time.perf_counter()
+    encoded = encoded_dataset(args, start)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="hvdtrack-bench-read-") as tmp:
+        for compression in ("none", "gzip"):
+            rows += measure_compression(encoded, Path(tmp) / compression, compression, args)
+    print_table(rows, start)
     return 0
 
 

@@ -22,13 +22,12 @@ least 1 - C/S whatever M is; the prediction is a GPU figure (one stage per devic
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from typing import Optional, Sequence
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="hvdtrack bench stages", description=__doc__.splitlines()[0]
     )
@@ -43,22 +42,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if min(args.stages) < 1 or min(args.micro_batches) < 1 or args.repeats < 1:
         parser.error("--stages, --micro-batches and --repeats must be >= 1")
+    return args
 
+
+def _batch(num_graphs: int, nodes: int, edges: int):
+    """One merged batch of ``num_graphs`` random graphs (seeded) and 10% true labels."""
     import numpy as np
     import tensorflow as tf
 
-    from hvdtrack.distributed.config import StagesConfig
-    from hvdtrack.distributed.stages import StagedClassifier, bubble_fraction, stage_devices
     from hvdtrack.inputs.pipeline import merge_graphs
-    from hvdtrack.model.classifier import SegmentClassifier
-    from hvdtrack.model.config import ModelConfig
 
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads_per_stage)
-    tf.config.threading.set_inter_op_parallelism_threads(max(args.stages) + 1)
-    devices = stage_devices(max(args.stages))
-    net = SegmentClassifier(ModelConfig())
     rng = np.random.default_rng(0)
-    b, n, e = args.graphs, args.nodes, args.edges
+    b, n, e = num_graphs, nodes, edges
     values = {
         "nodes": tf.constant(rng.normal(size=(b * n, 3)).astype(np.float32)),
         "edges": tf.constant(rng.normal(size=(b * e, 4)).astype(np.float32)),
@@ -66,54 +61,73 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "receivers": tf.constant(rng.integers(0, n, b * e).astype(np.int32)),
         "labels": tf.constant((rng.random(b * e) < 0.1).astype(np.float32)),
     }
-    graphs, labels = merge_graphs(values, tf.fill([b], n), tf.fill([b], e))
-    net(graphs)  # variables
+    return merge_graphs(values, tf.fill([b], n), tf.fill([b], e))
 
-    def measure(stages: int, micro_batches: int) -> float:
-        piped = StagedClassifier(net, StagesConfig(stages, micro_batches), devices[:stages])
 
-        @tf.function
-        def step(graphs, labels):
-            _, _, grads = piped.local_terms(graphs, labels, net.trainable_variables, 2.0, 1.0)
-            return tf.add_n([tf.reduce_sum(g) for g in grads])
+def _seconds(net, batch, devices: list[str], stages: int, micro_batches: int, repeats: int):
+    """Median seconds of a compiled forward + backward through S stages x M micro-batches."""
+    import tensorflow as tf
 
-        float(step(graphs, labels))  # trace and warm up
-        times = []
-        for _ in range(args.repeats):
-            start = time.perf_counter()
-            float(step(graphs, labels))
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
+    from hvdtrack.distributed.config import StagesConfig
+    from hvdtrack.distributed.stages import StagedClassifier
 
+    staged = StagedClassifier(net, StagesConfig(stages, micro_batches), devices[:stages])
+
+    @tf.function
+    def step(graphs, labels):
+        _, _, grads = staged.local_terms(graphs, labels, net.trainable_variables, 2.0, 1.0)
+        return tf.add_n([tf.reduce_sum(g) for g in grads])
+
+    float(step(*batch))  # trace and warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        float(step(*batch))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parse_args(argv)
+    import tensorflow as tf
+
+    from hvdtrack.distributed.stages import bubble_fraction, stage_devices
+    from hvdtrack.model.classifier import SegmentClassifier
+    from hvdtrack.model.config import ModelConfig
+    from hvdtrack.utils.io import write_json
+
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads_per_stage)
+    tf.config.threading.set_inter_op_parallelism_threads(max(args.stages) + 1)
+    devices = stage_devices(max(args.stages))
+    net = SegmentClassifier(ModelConfig())
+    batch = _batch(args.graphs, args.nodes, args.edges)
+    net(batch[0])  # variables
     print(
-        f"devices {', '.join(devices)}; {b} graphs x ({n} nodes, {e} edges), "
-        f"{args.threads_per_stage} intra-op thread(s) per stage"
+        f"devices {', '.join(devices)}; {args.graphs} graphs x ({args.nodes} nodes, "
+        f"{args.edges} edges), {args.threads_per_stage} intra-op thread(s) per stage"
     )
-    seconds = {}
+    seconds, rows = {}, []
     sizes = sorted({(1, m) for m in args.micro_batches} | {(1, 1)})
     sizes += [(s, m) for s in sorted(args.stages) if s > 1 for m in args.micro_batches]
-    rows = []
     print(f"{'S':>2} {'M':>3} {'time_s':>8} {'speedup':>8} {'idle':>6} {'gpipe':>6}")
-    for stages, micro_batches in sizes:
-        seconds[stages, micro_batches] = measure(stages, micro_batches)
-        t = seconds[stages, micro_batches]
+    for stages, micro in sizes:
+        t = seconds[stages, micro] = _seconds(net, batch, devices, stages, micro, args.repeats)
         row = {
             "stages": stages,
-            "micro_batches": micro_batches,
+            "micro_batches": micro,
             "time_s": t,
             "speedup": seconds[1, 1] / t,
-            "idle": 1 - seconds[1, micro_batches] / (stages * t),
-            "gpipe": bubble_fraction(stages, micro_batches),
+            "idle": 1 - seconds[1, micro] / (stages * t),
+            "gpipe": bubble_fraction(stages, micro),
         }
         rows.append(row)
         print(
-            f"{stages:>2} {micro_batches:>3} {t:>8.3f} {row['speedup']:>8.2f} "
+            f"{stages:>2} {micro:>3} {t:>8.3f} {row['speedup']:>8.2f} "
             f"{row['idle']:>6.2f} {row['gpipe']:>6.2f}",
             flush=True,
         )
     if args.json:
-        with open(args.json, "w") as out:
-            json.dump(rows, out, indent=1)
+        write_json(args.json, rows)
     return 0
 
 

@@ -24,7 +24,7 @@ inside Horovod's elastic driver loop (``horovod.common.elastic.run_fn``):
 Commits are per epoch because an epoch's plan assigns its graphs to a given number of workers:
 resuming mid-epoch on another number would skip or repeat graphs (the resume check refuses
 the same thing for a restarted job). The price is that a failure loses the epoch in progress.
-Every epoch record says how many workers ran it, and ``run.json`` lists the restarts
+Every epoch timing says how many workers ran it, and ``run.json`` lists the restarts
 (``elastic_resets``).
 
 Public symbols: ``is_elastic``, ``run``.
@@ -130,13 +130,13 @@ class _RunState:
         fit = self.fit
         self._values = [v.numpy() for v in fit.t.state.variables_to_sync()]
         self._records = _Records(
-            list(fit.prior_steps),
-            list(fit.prior_epochs),
-            fit.graphs_done,
-            fit.edges_done,
-            dict(fit.val_metrics),
+            list(fit.history.steps),
+            list(fit.history.epochs),
+            fit.history.graphs_done,
+            fit.history.edges_done,
+            dict(fit.status.val_metrics),
             fit.best_loss,
-            list(fit.resets),
+            list(fit.status.resets),
         )
         self.saved_at = time.monotonic()
 
@@ -146,7 +146,7 @@ class _RunState:
         for var, value in zip(self.fit.t.state.variables_to_sync(), self._values):
             var.assign(value)
         self._adopt(self._records)
-        self.fit.steps, self.fit.epochs = [], []  # of the interrupted epoch: it runs again
+        self.fit.history.drop_new()  # of the interrupted epoch: it runs again
 
     def interrupted(self, lost: bool) -> None:
         """Notes when training stopped, and how much of it the restart throws away."""
@@ -167,7 +167,7 @@ class _RunState:
         """Every worker takes rank 0's state and records (a worker that joined has neither)."""
         fit = self.fit
         fit.workers.broadcast_variables(fit.t.state.variables_to_sync())
-        self._records.resets = list(fit.resets)  # with the restart that led here
+        self._records.resets = list(fit.status.resets)  # with the restart that led here
         mine = dataclasses.asdict(self._records) if fit.workers.is_chief else None
         records = self.hvd.broadcast_object(mine, root_rank=0, name="elastic_records")
         records["steps"] = [timing.StepTiming(**r) for r in records["steps"]]
@@ -177,9 +177,9 @@ class _RunState:
 
     def _report_restart(self) -> None:
         fit = self.fit
-        epoch = int(fit.t.state.epoch.numpy())
+        epoch = fit.t.state.position()[0]
         restart = time.monotonic() - self.interrupted_at
-        fit.resets.append(
+        fit.status.resets.append(
             {
                 "epoch": epoch,
                 "workers_before": self.before,
@@ -197,7 +197,8 @@ class _RunState:
 
     def _adopt(self, records: _Records) -> None:
         fit = self.fit
-        fit.prior_steps, fit.prior_epochs = list(records.steps), list(records.epochs)
-        fit.graphs_done, fit.edges_done = records.graphs_done, records.edges_done
-        fit.val_metrics, fit.best_loss = dict(records.val_metrics), records.best_loss
-        fit.resets = list(records.resets)
+        history = fit.history
+        history.steps, history.epochs = list(records.steps), list(records.epochs)
+        history.graphs_done, history.edges_done = records.graphs_done, records.edges_done
+        fit.status.val_metrics, fit.best_loss = dict(records.val_metrics), records.best_loss
+        fit.status.resets = list(records.resets)

@@ -13,7 +13,7 @@ finished m-1 itself (a control dependency: one micro-batch at a time per device)
 executor then runs stage s on m alongside stage s+1 on m-1. The backward pass is the tape's
 gradient of the summed loss over all micro-batches, its ops placed with the forward ops they
 differentiate. So one call gives ``(loss sum, weight sum, gradient sums)``, exactly what
-``Trainer._local_terms`` returns for a batch: the trainer's exchange (Horovod allreduce across
+``TrainStep._local_terms`` returns for a batch: the trainer's exchange (Horovod allreduce across
 workers, one set of stages per worker) and apply parts stay as they are.
 
 Devices (``stage_devices``): GPUs when present (stage s on GPU s mod #GPUs), otherwise logical
@@ -152,7 +152,7 @@ class StagedClassifier:
             value = getattr(model.config, key, plain)
             if value != plain:
                 raise ConfigError(
-                    f"'model.{key}' is {value!r}: pipeline stages run the float32 forward "
+                    f"'model.{key}' is {value!r}: the stages run the float32 forward "
                     f"without recompute; set model.{key}={plain} or distributed.stages.num_stages=1"
                 )
         self.model = model
@@ -223,7 +223,7 @@ class StagedClassifier:
         true_weight: float,
         fake_weight: float,
     ) -> tuple[tf.Tensor, tf.Tensor, list[tf.Tensor]]:
-        """What ``Trainer._local_terms`` returns, pipelined: (loss sum, weight sum, gradients of
+        """What ``TrainStep._local_terms`` returns, staged: (loss sum, weight sum, gradients of
         the loss sum accumulated over the micro-batches; zeros for unused variables)."""
         with tf.GradientTape() as tape:
             loss_sum, weight_sum = self.loss_terms(graphs, labels, true_weight, fake_weight)

@@ -312,15 +312,40 @@ def _assemble_event(
     signal: dict[str, np.ndarray],
     noise: dict[str, np.ndarray],
 ) -> Event:
-    m = modules.MODULES
-    num_signal, num_noise = len(signal["row"]), len(noise["row"])
+    """The TrackML frames of the signal hits [S] and noise hits [N], listed by volume, layer and
+    module (hit_id 1..S+N in that order)."""
     row = np.concatenate([signal["row"], noise["row"]])
-    layer = m.layer[row]
-    module = m.module_id[row]
-    volume_id = detector.LAYER_VOLUME_ID[layer]
-    layer_id = detector.LAYER_LAYER_ID[layer]
-    # TrackML lists hits by volume, layer and module.
-    order = np.lexsort((module, layer_id, volume_id))
+    order = _trackml_hit_order(row)
+    particle_id, xyz, true, momentum, local = _hit_arrays(particles, signal, noise, order)
+    hit_id = np.arange(1, len(row) + 1, dtype=np.int64)
+    nhits = np.bincount(signal["particle"], minlength=len(particles["pt"]))
+    return Event(
+        int(event_id),
+        _hits_frame(hit_id, xyz, row[order]),
+        _truth_frame(hit_id, particle_id, true, momentum, particles),
+        _particles_frame(particles, nhits),
+        _cells_frame(hit_id, row[order], local),
+    )
+
+
+def _trackml_hit_order(row: np.ndarray) -> np.ndarray:
+    """int64 [H]: the hits on module rows ``row`` [H] sorted by volume, layer and module, as
+    TrackML lists them."""
+    layer = modules.MODULES.layer[row]
+    module = modules.MODULES.module_id[row]
+    return np.lexsort((module, detector.LAYER_LAYER_ID[layer], detector.LAYER_VOLUME_ID[layer]))
+
+
+def _hit_arrays(
+    particles: dict[str, np.ndarray],
+    signal: dict[str, np.ndarray],
+    noise: dict[str, np.ndarray],
+    order: np.ndarray,
+) -> tuple[np.ndarray, ...]:
+    """Signal then noise hits' values, taken in ``order`` [H]: particle_id int64 [H] (0 for
+    noise), measured xyz [H, 3], true xyz [H, 3] (the measured one for noise), momentum [H, 3]
+    (0 for noise) and local (u, v) [H, 2]."""
+    num_noise = len(noise["row"])
     particle_row = np.concatenate([signal["particle"], np.full(num_noise, -1)])[order]
     particle_id = np.where(
         particle_row >= 0, particles["particle_id"][np.maximum(particle_row, 0)], 0
@@ -328,21 +353,43 @@ def _assemble_event(
     xyz = np.concatenate([signal["xyz"], noise["xyz"]])[order]
     true = np.concatenate([signal["true"], noise["xyz"]])[order]
     momentum = np.concatenate([signal["momentum"], np.zeros((num_noise, 3))])[order]
+    local = np.concatenate(
+        [
+            np.stack([signal["local_u"], signal["local_v"]], 1),
+            np.stack([noise["local_u"], noise["local_v"]], 1),
+        ]
+    )[order]
+    return particle_id, xyz, true, momentum, local
 
-    hit_id = np.arange(1, num_signal + num_noise + 1, dtype=np.int64)
-    hits = pd.DataFrame(
+
+def _hits_frame(hit_id: np.ndarray, xyz: np.ndarray, row: np.ndarray) -> pd.DataFrame:
+    """TrackML hits of positions xyz [H, 3] on module rows ``row`` [H]."""
+    layer = modules.MODULES.layer[row]
+    return pd.DataFrame(
         {
             "hit_id": hit_id,
             "x": xyz[:, 0],
             "y": xyz[:, 1],
             "z": xyz[:, 2],
-            "volume_id": volume_id[order],
-            "layer_id": layer_id[order],
-            "module_id": module[order],
+            "volume_id": detector.LAYER_VOLUME_ID[layer],
+            "layer_id": detector.LAYER_LAYER_ID[layer],
+            "module_id": modules.MODULES.module_id[row],
         }
     ).astype(COLUMNS["hits"])
-    pt, phi = particles["pt"], particles["phi"]
-    truth = pd.DataFrame(
+
+
+def _truth_frame(
+    hit_id: np.ndarray,
+    particle_id: np.ndarray,
+    true: np.ndarray,
+    momentum: np.ndarray,
+    particles: dict[str, np.ndarray],
+) -> pd.DataFrame:
+    """TrackML truth of hits [H] with true positions [H, 3] and momenta [H, 3], with weights."""
+    weight = hit_weights(
+        particle_id, true[:, 2], particles["particle_id"], particles["vz"], particles["pt"]
+    )
+    return pd.DataFrame(
         {
             "hit_id": hit_id,
             "particle_id": particle_id,
@@ -352,12 +399,15 @@ def _assemble_event(
             "tpx": momentum[:, 0],
             "tpy": momentum[:, 1],
             "tpz": momentum[:, 2],
-            "weight": hit_weights(
-                particle_id, true[:, 2], particles["particle_id"], particles["vz"], pt
-            ),
+            "weight": weight,
         }
     ).astype(COLUMNS["truth"])
-    particle_frame = pd.DataFrame(
+
+
+def _particles_frame(particles: dict[str, np.ndarray], nhits: np.ndarray) -> pd.DataFrame:
+    """TrackML particles [P], with ``nhits`` [P] recorded hits each."""
+    pt, phi = particles["pt"], particles["phi"]
+    return pd.DataFrame(
         {
             "particle_id": particles["particle_id"],
             "vx": particles["vx"],
@@ -367,18 +417,16 @@ def _assemble_event(
             "py": pt * np.sin(phi),
             "pz": pt * particles["lam"],
             "q": particles["q"],
-            "nhits": np.bincount(signal["particle"], minlength=len(pt)),
+            "nhits": nhits,
             "particle_type": particles["particle_type"],
         }
     ).astype(COLUMNS["particles"])
-    local = np.concatenate(
-        [
-            np.stack([signal["local_u"], signal["local_v"]], 1),
-            np.stack([noise["local_u"], noise["local_v"]], 1),
-        ]
-    )[order]
-    ch0, ch1 = modules.module_channels(row[order], local[:, 0], local[:, 1])
-    cells = pd.DataFrame({"hit_id": hit_id, "ch0": ch0, "ch1": ch1, "value": 0.0}).astype(
+
+
+def _cells_frame(hit_id: np.ndarray, row: np.ndarray, local: np.ndarray) -> pd.DataFrame:
+    """TrackML cells, one per hit [H] on module rows ``row`` [H] at local (u, v) [H, 2]; the
+    value is filled in later."""
+    ch0, ch1 = modules.module_channels(row, local[:, 0], local[:, 1])
+    return pd.DataFrame({"hit_id": hit_id, "ch0": ch0, "ch1": ch1, "value": 0.0}).astype(
         COLUMNS["cells"]
     )
-    return Event(int(event_id), hits, truth, particle_frame, cells)

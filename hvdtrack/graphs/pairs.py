@@ -128,67 +128,120 @@ def _candidates_between(
     """Candidates from inner hits ``a`` to outer hits ``b`` (one layer pair); see
     ``find_candidate_pairs``."""
     r_a, z_a = r[a], z[a]
-    r_b_min, r_b_max = r[b].min(), r[b].max()
-    # u: the coordinate along the outer surface (z on a cylinder, r on a disk). From
-    # z0 = z_a - r_a dz / dr with |z0| <= z0_max and dr > 0, bound u_b (and dr) per inner hit.
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if outer_is_barrel:
-            u_b = z[b]
-            # z_b = z_a + (z_a - z0) dr / r_a, linear in z0 and dr: take the extreme corners.
-            corners = [
-                z_a + (z_a - z0) * (dr / r_a)
-                for z0 in (-z0_max, z0_max)
-                for dr in (r_b_min - r_a, r_b_max - r_a)
-            ]
-            u_lo, u_hi = np.minimum.reduce(corners), np.maximum.reduce(corners)
-            dr_hi = r_b_max - r_a
-        else:
-            u_b = r[b]
-            # z0 = z_a - r_a dz / dr with dr > 0 puts z_a - z0 on the side of dz, so
-            # dr = r_a |dz| / |z_a - z0| with |z_a - z0| in [near, far]. Disk modules may be
-            # staggered in z, so |dz| spans the layer's z range; an inner hit inside that range
-            # (dz of either sign) is not bounded.
-            dz_min, dz_max = z[b].min() - z_a, z[b].max() - z_a
-            side = np.where(dz_min > 0, 1.0, np.where(dz_max < 0, -1.0, 0.0))
-            abs_dz_min = np.where(side > 0, dz_min, -dz_max)
-            abs_dz_max = np.where(side > 0, dz_max, -dz_min)
-            near = side * z_a - z0_max
-            far = side * z_a + z0_max
-            dr_lo = np.where(far > 0, r_a * abs_dz_min / far, np.inf)
-            dr_hi = np.where(near > 0, r_a * abs_dz_max / near, np.inf)
-            unbounded = side == 0
-            dr_lo = np.where(unbounded, -np.inf, dr_lo)
-            dr_hi = np.where(unbounded, np.inf, dr_hi)
-            u_lo, u_hi = r_a + dr_lo, r_a + dr_hi
-            dr_hi = np.minimum(dr_hi, r_b_max - r_a)
+    # u: the coordinate along the outer surface (z on a cylinder, r on a disk).
+    if outer_is_barrel:
+        u_b = z[b]
+        u_lo, u_hi, dr_hi = _cylinder_window(r_a, z_a, r[b].min(), r[b].max(), z0_max)
+    else:
+        u_b = r[b]
+        u_lo, u_hi, dr_hi = _disk_window(r_a, z_a, r[b].max(), z[b], z0_max)
     margin = 1e-9 * (np.abs(r_a) + np.abs(z_a) + z0_max)  # keep boundary pairs for the exact cut
     u_lo, u_hi = u_lo - margin, u_hi + margin
     half_width = phi_slope_max * np.maximum(dr_hi, 0.0) * (1.0 + 1e-12)
 
-    # Bin the outer hits along u; inside a bin, phis sorted and repeated at -2pi, 0, +2pi, all
-    # in one sorted key array: key = bin * stride + phi + 3 pi.
     u_min, u_max = u_b.min(), u_b.max()
     num_bins = int(np.clip(len(b) // 32, 1, 64))
     bin_width = max((u_max - u_min) / num_bins, 1e-9)
     b_bin = np.minimum(((u_b - u_min) / bin_width).astype(np.int64), num_bins - 1)
-    stride = 32.0  # > 6 pi, so bins never overlap
-    shifted = phi[b] + 3.0 * np.pi
+    keys, key_hit = _binned_phi_keys(b, b_bin, phi[b])
+    valid = (u_hi >= u_min) & (u_lo <= u_max) & (half_width > 0)
+    inner, bin_index = _spanned_bins(
+        np.where(valid, u_lo, u_min),
+        np.where(valid, u_hi, u_min),
+        valid,
+        u_min,
+        bin_width,
+        num_bins,
+    )
+    base = bin_index * _BIN_STRIDE + phi[a][inner] + 3.0 * np.pi
+    count, position = _phi_window_matches(keys, base, half_width[inner])
+    return np.repeat(a[inner], count), key_hit[position]
+
+
+def _cylinder_window(
+    r_a: np.ndarray, z_a: np.ndarray, r_b_min: float, r_b_max: float, z0_max: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per inner hit [A], the z range (u_lo, u_hi) on an outer cylinder and the largest dr."""
+    # From z0 = z_a - r_a dz / dr with |z0| <= z0_max and dr > 0: z_b = z_a + (z_a - z0) dr / r_a,
+    # linear in z0 and dr, so the extreme corners bound it.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        corners = [
+            z_a + (z_a - z0) * (dr / r_a)
+            for z0 in (-z0_max, z0_max)
+            for dr in (r_b_min - r_a, r_b_max - r_a)
+        ]
+        u_lo, u_hi = np.minimum.reduce(corners), np.maximum.reduce(corners)
+    return u_lo, u_hi, r_b_max - r_a
+
+
+def _disk_window(
+    r_a: np.ndarray, z_a: np.ndarray, r_b_max: float, z_b: np.ndarray, z0_max: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per inner hit [A], the r range (u_lo, u_hi) on an outer disk with hits at z_b [B], and
+    the largest dr (at most r_b_max - r_a)."""
+    # z0 = z_a - r_a dz / dr with dr > 0 puts z_a - z0 on the side of dz, so
+    # dr = r_a |dz| / |z_a - z0| with |z_a - z0| in [near, far]. Disk modules may be
+    # staggered in z, so |dz| spans the layer's z range; an inner hit inside that range
+    # (dz of either sign) is not bounded.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        dz_min, dz_max = z_b.min() - z_a, z_b.max() - z_a
+        side = np.where(dz_min > 0, 1.0, np.where(dz_max < 0, -1.0, 0.0))
+        abs_dz_min = np.where(side > 0, dz_min, -dz_max)
+        abs_dz_max = np.where(side > 0, dz_max, -dz_min)
+        near = side * z_a - z0_max
+        far = side * z_a + z0_max
+        dr_lo = np.where(far > 0, r_a * abs_dz_min / far, np.inf)
+        dr_hi = np.where(near > 0, r_a * abs_dz_max / near, np.inf)
+        unbounded = side == 0
+        dr_lo = np.where(unbounded, -np.inf, dr_lo)
+        dr_hi = np.where(unbounded, np.inf, dr_hi)
+        u_lo, u_hi = r_a + dr_lo, r_a + dr_hi
+        dr_hi = np.minimum(dr_hi, r_b_max - r_a)
+    return u_lo, u_hi, dr_hi
+
+
+# Bins of outer hits are laid end to end in one key axis, this far apart (> 6 pi: no overlap).
+_BIN_STRIDE = 32.0
+
+
+def _binned_phi_keys(
+    b: np.ndarray, b_bin: np.ndarray, phi_b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted keys bin * stride + phi + 3 pi of the outer hits b [B] (phi repeated at -2pi, 0
+    and +2pi so windows wrap), float64 [3B], and the hit of each key, int [3B]."""
+    shifted = phi_b + 3.0 * np.pi
     keys = (
-        np.concatenate([shifted - _TWO_PI, shifted, shifted + _TWO_PI]) + np.tile(b_bin, 3) * stride
+        np.concatenate([shifted - _TWO_PI, shifted, shifted + _TWO_PI])
+        + np.tile(b_bin, 3) * _BIN_STRIDE
     )
     key_order = np.argsort(keys, kind="stable")
-    keys = keys[key_order]
-    key_hit = np.tile(b, 3)[key_order]
+    return keys[key_order], np.tile(b, 3)[key_order]
 
-    valid = (u_hi >= u_min) & (u_lo <= u_max) & (half_width > 0)
-    bin_lo = np.clip(np.floor((np.where(valid, u_lo, u_min) - u_min) / bin_width), 0, num_bins - 1)
-    bin_hi = np.clip(np.floor((np.where(valid, u_hi, u_min) - u_min) / bin_width), 0, num_bins - 1)
+
+def _spanned_bins(
+    u_lo: np.ndarray,
+    u_hi: np.ndarray,
+    valid: np.ndarray,
+    u_min: float,
+    bin_width: float,
+    num_bins: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every (inner hit, bin) pair whose bin the hit's range [u_lo, u_hi] [A] covers (none for
+    hits not ``valid``): the inner hit's position in [A] and the bin, both int64 [S]."""
+    bin_lo = np.clip(np.floor((u_lo - u_min) / bin_width), 0, num_bins - 1)
+    bin_hi = np.clip(np.floor((u_hi - u_min) / bin_width), 0, num_bins - 1)
     bin_lo, bin_hi = bin_lo.astype(np.int64), bin_hi.astype(np.int64)
     num_spanned = np.where(valid, bin_hi - bin_lo + 1, 0)
-    inner = np.repeat(np.arange(len(a)), num_spanned)
+    inner = np.repeat(np.arange(len(u_lo)), num_spanned)
     offset = np.arange(len(inner)) - np.repeat(np.cumsum(num_spanned) - num_spanned, num_spanned)
-    base = (bin_lo[inner] + offset) * stride + phi[a][inner] + 3.0 * np.pi
-    w = half_width[inner]
+    return inner, bin_lo[inner] + offset
+
+
+def _phi_window_matches(
+    keys: np.ndarray, base: np.ndarray, w: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Keys within [base - w, base + w] of each query [S]: the count per query, int64 [S], and
+    the matched keys' positions, grouped by query, int64 [sum of counts]."""
     full = w >= np.pi
     # Closed window [phi - w, phi + w]; a full turn is taken half-open so no hit comes twice.
     start = np.searchsorted(keys, np.where(full, base - np.pi, base - w), side="left")
@@ -200,7 +253,7 @@ def _candidates_between(
     count = np.maximum(stop - start, 0)
     total = int(count.sum())
     position = np.repeat(start - (np.cumsum(count) - count), count) + np.arange(total)
-    return np.repeat(a[inner], count), key_hit[position]
+    return count, position
 
 
 def adjacency_mask(adjacency: np.ndarray, num_layers: int) -> np.ndarray:

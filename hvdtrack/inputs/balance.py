@@ -192,6 +192,45 @@ def plan_epoch(
       DataError: when G < num_workers * batch_graphs (not one full step).
     """
     num_edges = np.asarray(num_edges, dtype=np.int64)
+    _check_plan_inputs(
+        num_edges, num_workers, batch_graphs, seed, epoch, shard_of, record_of, shards_per_group
+    )
+    rng = np.random.default_rng([seed, epoch])
+    order, shard_order = _global_order(num_edges, shard_of, record_of, shards_per_group, rng)
+    num_graphs = int(num_edges.shape[0])
+    per_step = num_workers * batch_graphs
+    num_steps = num_graphs // per_step
+    step_graphs = order[: num_steps * per_step].reshape(num_steps, per_step)
+    step_edges = num_edges[step_graphs]
+    graph_ids = _worker_graph_ids(step_graphs, step_edges, num_workers, batch_graphs, rng)
+    edges = num_edges[graph_ids].sum(axis=2).T
+    unbalanced = step_edges.reshape(num_steps, num_workers, batch_graphs).sum(axis=2)
+    return EpochPlan(
+        epoch=epoch,
+        num_workers=num_workers,
+        batch_graphs=batch_graphs,
+        num_graphs=num_graphs,
+        order=order,
+        graph_ids=np.ascontiguousarray(graph_ids),
+        edges=edges,
+        shard_order=shard_order,
+        shards_per_group=shards_per_group,
+        step_imbalance=_imbalance(edges),
+        unbalanced_step_imbalance=_imbalance(unbalanced),
+    )
+
+
+def _check_plan_inputs(
+    num_edges: np.ndarray,
+    num_workers: int,
+    batch_graphs: int,
+    seed: int,
+    epoch: int,
+    shard_of: Optional[np.ndarray],
+    record_of: Optional[np.ndarray],
+    shards_per_group: int,
+) -> None:
+    """Raises ConfigError or DataError for the arguments ``plan_epoch`` refuses (see there)."""
     if num_workers < 1 or batch_graphs < 1 or shards_per_group < 1:
         raise ConfigError(
             f"num_workers ({num_workers}), batch_graphs ({batch_graphs}) and shards_per_group "
@@ -210,21 +249,45 @@ def plan_epoch(
     if (shard_of is None) != (record_of is None):
         raise ConfigError("plan_epoch needs both shard_of and record_of, or neither")
 
-    rng = np.random.default_rng([seed, epoch])
-    if shard_of is None:
-        shard_order = None
-        order = rng.permutation(num_graphs).astype(np.int64)
-    else:
-        shard_of = np.asarray(shard_of, dtype=np.int64)
-        record_of = np.asarray(record_of, dtype=np.int64)
-        if shard_of.shape != num_edges.shape or record_of.shape != num_edges.shape:
-            raise ConfigError("shard_of and record_of must have one entry per graph")
-        shard_order = rng.permutation(int(shard_of.max()) + 1).astype(np.int64)
-        order = epoch_read_order(shard_of, record_of, shard_order, shards_per_group)
 
-    num_steps = num_graphs // per_step
-    step_graphs = order[: num_steps * per_step].reshape(num_steps, per_step)
-    step_edges = num_edges[step_graphs]
+def _global_order(
+    num_edges: np.ndarray,
+    shard_of: Optional[np.ndarray],
+    record_of: Optional[np.ndarray],
+    shards_per_group: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """The epoch's read order, int64 [G], and shard order, int64 [num_shards] (None without a
+    shard layout); draws one permutation from ``rng``."""
+    if shard_of is None:
+        return rng.permutation(int(num_edges.shape[0])).astype(np.int64), None
+    shard_of = np.asarray(shard_of, dtype=np.int64)
+    record_of = np.asarray(record_of, dtype=np.int64)
+    if shard_of.shape != num_edges.shape or record_of.shape != num_edges.shape:
+        raise ConfigError("shard_of and record_of must have one entry per graph")
+    shard_order = rng.permutation(int(shard_of.max()) + 1).astype(np.int64)
+    return epoch_read_order(shard_of, record_of, shard_order, shards_per_group), shard_order
+
+
+def _worker_graph_ids(
+    step_graphs: np.ndarray,
+    step_edges: np.ndarray,
+    num_workers: int,
+    batch_graphs: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Packs each step's graphs into bins and gives the bins to workers.
+
+    Args:
+      step_graphs: int64 [num_steps, num_workers * batch_graphs] graph ids of each step.
+      step_edges: int64 [num_steps, num_workers * batch_graphs] their edges.
+      rng: the epoch's generator (see ``_assign_bins``).
+
+    Returns:
+      int64 [num_workers, num_steps, batch_graphs] graph ids of each worker's steps, within a
+      step in read order (a transposed view).
+    """
+    num_steps = step_graphs.shape[0]
     bin_of = _pack_greedy(step_edges, num_workers, batch_graphs)
     by_bin = np.argsort(bin_of, axis=1, kind="stable")
     bin_edges = (
@@ -237,22 +300,7 @@ def plan_epoch(
     # Stable sort by worker keeps each worker's graphs in read order within the step.
     by_worker = np.argsort(worker_of, axis=1, kind="stable")
     graph_ids = np.take_along_axis(step_graphs, by_worker, axis=1)
-    graph_ids = graph_ids.reshape(num_steps, num_workers, batch_graphs).transpose(1, 0, 2)
-    edges = num_edges[graph_ids].sum(axis=2).T
-    unbalanced = step_edges.reshape(num_steps, num_workers, batch_graphs).sum(axis=2)
-    return EpochPlan(
-        epoch=epoch,
-        num_workers=num_workers,
-        batch_graphs=batch_graphs,
-        num_graphs=num_graphs,
-        order=order,
-        graph_ids=np.ascontiguousarray(graph_ids),
-        edges=edges,
-        shard_order=shard_order,
-        shards_per_group=shards_per_group,
-        step_imbalance=_imbalance(edges),
-        unbalanced_step_imbalance=_imbalance(unbalanced),
-    )
+    return graph_ids.reshape(num_steps, num_workers, batch_graphs).transpose(1, 0, 2)
 
 
 def _pack_greedy(step_edges: np.ndarray, num_workers: int, batch_graphs: int) -> np.ndarray:

@@ -1,5 +1,5 @@
 """The run's description in ``run.json`` (``info``): built, checked and hashed, and the field
-readers that every timing record shares (``hvdtrack.runs.timing``).
+readers that every timing shares (``hvdtrack.runs.timing``).
 
 Public symbols: ``make_run_info``, ``check_run_info``, ``hash_config``, ``flatten_config``, the
 field readers ``read_int``, ``read_number``, ``read_seconds``, ``read_bool``, ``read_str``,

@@ -1,4 +1,4 @@
-"""What a run writes to TensorBoard and the console besides its timing records (the chief
+"""What a run writes to TensorBoard and the console besides its timings (the chief
 writes, the other ranks stay quiet): hyperparameters, step and epoch scalars, each rank's time
 accounts and memory, the profiler window.
 

@@ -1,8 +1,8 @@
-"""Timing records of a training run (per step, per epoch, per rank) and their files in the run dir.
+"""Timings of a training run (per step, per epoch, per rank) and their files in the run dir.
 
 The trainer writes them (``hvdtrack.train.loop``) and the scaling package reads them: this module
 is the one definition of their format. A run directory holds two files written by the chief
-(rank 0) after gathering every rank's records:
+(rank 0) after gathering every rank's timings:
 
 - ``run.json``: the run's description (``info``): worker count, batches, status, metrics, energy,
   the resolved config. Built with ``hvdtrack.runs.runinfo.make_run_info``; extra keys are
@@ -11,11 +11,11 @@ is the one definition of their format. A run directory holds two files written b
   ``{"kind": "step", ...StepTiming fields}`` and ``{"kind": "epoch", ...EpochTiming fields}``.
 
 Every second of an epoch on a rank is accounted for. The epoch's wall time runs from the end of
-the previous epoch's record to the end of this one's and splits into ``EPOCH_PARTS``: the steps'
+the previous epoch's timing to the end of this one's and splits into ``EPOCH_PARTS``: the steps'
 data wait, compute and gradient exchange, the input pipeline's start and end, validation,
-checkpoints, summaries (TensorBoard, console) and records (gathering and writing the previous
-epoch's records); what is left is ``EpochTiming.rest_s``. The time spent waiting for slower ranks
-at the gradient exchange is derived from all ranks' step records by ``collective_waits``.
+checkpoints, summaries (TensorBoard, console) and ``records_s`` (gathering and writing the previous
+epoch's timings: the field keeps its first name, so run directories stay readable); what is left is ``EpochTiming.rest_s``. The time spent waiting for slower ranks
+at the gradient exchange is derived from all ranks' step timings by ``collective_waits``.
 
 ``write_run`` may be called at every epoch end with the cumulative lists: both files are replaced
 atomically, timing first, so a reader never sees ``status: finished`` before the final timing.
@@ -142,9 +142,9 @@ class EpochTiming:
       validation_s: validation, including waiting for other ranks' parts.
       checkpoint_s: saving checkpoints, including the barrier after a save.
       summaries_s: TensorBoard summaries, progress and console lines.
-      records_s: gathering and writing the previous epoch's timing records.
+      records_s: gathering and writing the previous epoch's timings.
       workers: data-parallel workers that ran the epoch (elastic runs change it; None in
-        records written before it was kept).
+        timings written before it was kept).
       peak_rss_bytes: the highest resident set of this rank's process during the epoch (None
         where /proc is missing).
       peak_gpu_bytes: the most bytes TensorFlow's allocator held on any of this rank's GPUs
@@ -213,7 +213,7 @@ def collective_waits(steps: Sequence[StepTiming]) -> dict[tuple[int, int], float
     (clock-free: durations only, so ranks on different hosts need no synchronised clocks).
 
     Args:
-      steps: step records of every rank (each (epoch, step, rank) once).
+      steps: step timings of every rank (each (epoch, step, rank) once).
 
     Returns:
       ``{(epoch, rank): seconds}`` summed over the epoch's steps; 0.0 with one rank.
@@ -259,7 +259,7 @@ def epoch_accounts(run: Run) -> list[dict[str, Any]]:
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """A run directory read back: ``info`` (run.json) and its timing records, all validated."""
+    """A run directory read back: ``info`` (run.json) and its timings, all validated."""
 
     path: Path
     info: dict[str, Any]
@@ -293,8 +293,8 @@ def write_run(
     Args:
       run_dir: the run directory (created if missing).
       info: the run description, as made by ``make_run_info``.
-      steps: every rank's step records.
-      epochs: every rank's epoch records.
+      steps: every rank's step timings.
+      epochs: every rank's epoch timings.
 
     Raises:
       DataError: ``info`` is invalid (the message names the key).
@@ -325,6 +325,34 @@ def read_run(run_dir: str | os.PathLike) -> Run:
         ``run.json`` key is missing or invalid; the message names the directory, file and line.
     """
     path = Path(run_dir)
+    info_path, timing_path = _run_files(path)
+    info = _read_info(info_path)
+    steps: list[StepTiming] = []
+    epochs: list[EpochTiming] = []
+    try:
+        lines = timing_path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"{timing_path}: cannot be read ({err})") from None
+    num_workers = _most_workers(info)
+    for number, line in enumerate(lines, start=1):
+        where = f"{timing_path}, line {number}"
+        if not line.strip():
+            continue
+        data = _parse_line(line, where)
+        try:
+            record = _timing_record(data, num_workers)
+        except ValueError as err:
+            raise DataError(f"{where}: {err}") from None
+        if isinstance(record, StepTiming):
+            steps.append(record)
+        elif isinstance(record, EpochTiming):
+            epochs.append(record)
+    return Run(path=path, info=info, steps=steps, epochs=epochs)
+
+
+# ------------------------------------------------------------------------------------ internals
+def _run_files(path: Path) -> tuple[Path, Path]:
+    """(run.json, timing.jsonl) of run directory ``path``; DataError if either is missing."""
     if not path.is_dir():
         what = "is not a directory" if path.exists() else "does not exist"
         raise DataError(
@@ -338,6 +366,11 @@ def read_run(run_dir: str | os.PathLike) -> Run:
                 f"{file} is missing: {path} is not a (complete) run directory; "
                 "the trainer writes run.json and timing.jsonl at every epoch end"
             )
+    return info_path, timing_path
+
+
+def _read_info(info_path: Path) -> dict[str, Any]:
+    """The run description in ``info_path``, checked; DataError names the file and key."""
     try:
         info = json.loads(info_path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -345,55 +378,51 @@ def read_run(run_dir: str | os.PathLike) -> Run:
     if not isinstance(info, dict):
         raise DataError(f"{info_path}: must hold a JSON object, got {type(info).__name__}")
     check_run_info(info, str(info_path))
+    return info
 
-    steps: list[StepTiming] = []
-    epochs: list[EpochTiming] = []
-    try:
-        lines = timing_path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise DataError(f"{timing_path}: cannot be read ({err})") from None
-    # An elastic run's records hold ranks of every worker count it had, not only the last.
+
+def _most_workers(info: Mapping[str, Any]) -> int:
+    """The largest worker count the run had: an elastic run's records hold ranks of every worker
+    count it had, not only the last."""
     resets = info.get("elastic_resets") or []
-    num_workers = max([info["num_workers"]] + [r.get("workers_before", 0) for r in resets])
-    for number, line in enumerate(lines, start=1):
-        where = f"{timing_path}, line {number}"
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{where}: not valid JSON ({err.msg})") from None
-        if not isinstance(data, dict):
-            raise DataError(f"{where}: expected a JSON object, got {type(data).__name__}")
-        kind = data.get("kind")
-        try:
-            if kind == "header":
-                schema = data.get("schema")
-                if schema != SCHEMA_VERSION:
-                    older = isinstance(schema, int) and schema < SCHEMA_VERSION
-                    raise ValueError(
-                        f"timing schema {schema!r} is not the supported version {SCHEMA_VERSION}"
-                        + (" (written by an older hvdtrack: train the run again)" if older else "")
-                    )
-                continue
-            if kind == "step":
-                record: StepTiming | EpochTiming = _fast_step(data) or StepTiming.from_dict(data)
-                steps.append(record)
-            elif kind == "epoch":
-                record = EpochTiming.from_dict(data)
-                epochs.append(record)
-            else:
-                raise ValueError(f"'kind' must be 'header', 'step' or 'epoch', got {kind!r}")
-            if record.rank >= num_workers:
-                raise ValueError(
-                    f"rank {record.rank} but run.json says num_workers is {num_workers}"
-                )
-        except ValueError as err:
-            raise DataError(f"{where}: {err}") from None
-    return Run(path=path, info=info, steps=steps, epochs=epochs)
+    return max([info["num_workers"]] + [r.get("workers_before", 0) for r in resets])
 
 
-# ------------------------------------------------------------------------------------ internals
+def _parse_line(line: str, where: str) -> dict[str, Any]:
+    """The JSON object on one timing line; DataError (naming ``where``) otherwise."""
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{where}: not valid JSON ({err.msg})") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _timing_record(data: dict[str, Any], num_workers: int) -> StepTiming | EpochTiming | None:
+    """The record of one parsed timing line (None for the header); ValueError says what is
+    wrong."""
+    kind = data.get("kind")
+    if kind == "header":
+        schema = data.get("schema")
+        if schema != SCHEMA_VERSION:
+            older = isinstance(schema, int) and schema < SCHEMA_VERSION
+            raise ValueError(
+                f"timing schema {schema!r} is not the supported version {SCHEMA_VERSION}"
+                + (" (written by an older hvdtrack: train the run again)" if older else "")
+            )
+        return None
+    if kind == "step":
+        record: StepTiming | EpochTiming = _fast_step(data) or StepTiming.from_dict(data)
+    elif kind == "epoch":
+        record = EpochTiming.from_dict(data)
+    else:
+        raise ValueError(f"'kind' must be 'header', 'step' or 'epoch', got {kind!r}")
+    if record.rank >= num_workers:
+        raise ValueError(f"rank {record.rank} but run.json says num_workers is {num_workers}")
+    return record
+
+
 def _fast_step(data: dict[str, Any]) -> Optional[StepTiming]:
     # Runs hold up to millions of step lines: accept the common well-formed line with a few
     # exact type checks; anything unusual goes through from_dict, which names the problem.

@@ -1,5 +1,5 @@
 """Scaling studies: scaling maths, cost and energy, predictions, reports, sweeps.
 
-Reads run directories (records defined in ``hvdtrack.runs.timing``); imports stay light here, as
-the trainer imports ``energy`` on every rank. Command line: ``python -m hvdtrack.scaling --help``.
+Reads run directories through ``hvdtrack.runs`` (the timings of ``hvdtrack.runs.timing``), never
+the trainer. Command line: ``python -m hvdtrack.scaling --help``.
 """

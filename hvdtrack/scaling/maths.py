@@ -83,7 +83,7 @@ def epoch_time(run: Run, warmup_epochs: int = 1) -> float:
     """The median of ``epoch_times`` after ``warmup_epochs`` (all of them in a shorter run)."""
     times = epoch_times(run)
     if times.size == 0:
-        raise DataError(f"{run.path}: no epoch records in timing.jsonl; did the run finish one?")
+        raise DataError(f"{run.path}: no epoch timings in timing.jsonl; did the run finish one?")
     return float(np.median(_after_warmup(times, warmup_epochs)))
 
 

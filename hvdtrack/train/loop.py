@@ -2,13 +2,15 @@
 
 Data flow of one run::
 
-    manifest -> balanced epoch plan -> per-worker tf.data -> Trainer.step (local gradients,
-    exchange through ``Workers``, Adam) -> validation reduced over workers -> TensorBoard,
-    checkpoints and timing records (chief only).
+    manifest -> balanced epoch plan -> per-worker tf.data (``TrainData``) -> ``TrainStep.run``
+    (local gradients, exchange through ``Workers``, Adam) -> validation reduced over workers
+    -> TensorBoard, checkpoints and timings (chief only).
 
-Every second of an epoch is booked to a part (``timing.EPOCH_PARTS``) by a ``timing.PartClock``;
-what no part claims is the epoch's rest, which the chief reports when it exceeds
-``timing.REST_LIMIT`` of the wall time.
+The loop runs epochs of steps; what it reads and writes in the run directory besides
+checkpoints (resume, run info, timings) is ``train.runfiles``, the timings it keeps
+``runs.history.TimingHistory``. Every second of an epoch is booked to a part
+(``timing.EPOCH_PARTS``) by a ``timing.PartClock``; what no part claims is the epoch's rest,
+which the chief reports when it exceeds ``timing.REST_LIMIT`` of the wall time.
 
 Public symbols: ``fit``, ``train``.
 """
@@ -16,7 +18,6 @@ Public symbols: ``fit``, ``train``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -27,18 +28,22 @@ from typing import Any, Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from hvdtrack.config import Config, config_to_dict
+from hvdtrack.config import Config
 from hvdtrack.distributed import elastic
 from hvdtrack.distributed.stop import PREEMPTED_EXIT_CODE, StopSignals
 from hvdtrack.errors import TrainingError
-from hvdtrack.runs import rundir, runinfo, timing
+from hvdtrack.runs import rundir, timing
 from hvdtrack.runs.energy import EnergyMeter
+from hvdtrack.runs.history import TimingHistory
 from hvdtrack.runs.summaries import Summaries
+from hvdtrack.train import runfiles
 from hvdtrack.train.checkpoints import Checkpoints
 from hvdtrack.train.trainer import Trainer
 from hvdtrack.utils import console, memory
 
 log = logging.getLogger(console.LOGGER_NAME)
+# Parts of an epoch's interval that are bookkeeping, not training time.
+BOOKKEEPING_PARTS = ("checkpoint_s", "records_s", "summaries_s")
 
 
 @dataclasses.dataclass
@@ -46,106 +51,100 @@ class _EpochTally:
     """What one rank did in the steps of one epoch."""
 
     losses: list = dataclasses.field(default_factory=list)
+    steps: list = dataclasses.field(default_factory=list)  # this rank's step timings
     edges: int = 0  # over all workers
-    my_graphs: int = 0  # this rank's share
-    my_edges: int = 0
     stopped: bool = False
 
 
 class _Fit:
-    """One call of ``fit``: epochs of steps, with summaries, checkpoints and timing records."""
+    """One call of ``fit``: epochs of steps, with summaries, checkpoints and timings."""
 
     def __init__(self, trainer: Trainer):
         self.t = trainer
-        self.cfg = trainer.config
-        self.tc = trainer.config.train
         self.workers = trainer.workers
         self.chief = self.workers.is_chief
-        self.run_dir = Path(self.tc.run_dir)
-        self.steps: list[timing.StepTiming] = []  # this rank's, not yet gathered
-        self.epochs: list[timing.EpochTiming] = []
-        self.prior_steps: list[timing.StepTiming] = []  # every rank's, gathered
-        self.prior_epochs: list[timing.EpochTiming] = []
-        self.graphs_done = self.edges_done = 0
-        self.val_metrics: dict[str, float] = {}
-        self.started = time.strftime("%Y-%m-%dT%H:%M:%S")
-        self.stop_at: Optional[int] = None
-        self.compile_s: Optional[float] = None
+        self.run_dir = Path(trainer.config.train.run_dir)
+        self.history = TimingHistory()
+        self.elastic = elastic.is_elastic(trainer.config.distributed.strategy)
+        self.status = runfiles.RunStatus(resets=[] if self.elastic else None)
         self.signals = StopSignals()
-        self.preempted = False  # a rank got a stop signal: all stop after the same step
-        self.elastic = elastic.is_elastic(self.cfg.distributed.strategy)
+        self.stop_at: Optional[int] = None
         self.commit: Callable[[], None] = lambda: None  # elastic.run sets the state's commit
-        self.resets: list[dict[str, Any]] = []  # elastic restarts
         self.best_loss = math.inf
-        self.epoch_timings_from = 0  # index in prior_steps of the current epoch's first step
         console.setup_logging(self.workers.rank, self.chief)
+
+    @property
+    def epochs(self) -> int:
+        return self.t.config.train.epochs
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        self._check_resume()  # before anything is written: a refused resume changes nothing
+        runfiles.check_resume(self.t, self.run_dir)  # before anything is written
         if self.chief:
-            rundir.prepare(self.run_dir, self.cfg)
+            rundir.prepare(self.run_dir, self.t.config)
         if not self.elastic:  # elastic: no collective before the elastic loop (joiners sync)
             self.workers.barrier()
         self.checkpoints = Checkpoints(self.t, self.run_dir)
-        previous = self._restore()
+        previous = runfiles.restore(self.t, self.checkpoints, self.history, not self.elastic)
+        if previous is not None:
+            self.status.started = previous.info.get("started") or self.status.started
         self.t.resize()  # a checkpoint of a run that had another worker count (elastic)
-        if int(self.t.state.epoch.numpy()) >= self.tc.epochs:
+        if self.t.state.position()[0] >= self.epochs:
             return self._info("finished", previous.info.get("metrics") if previous else None)
-        self.summaries = Summaries(self.cfg, self.workers, self.run_dir)
-        if self.workers.shares_cores:
-            yields = os.environ.get("OMPI_MCA_mpi_yield_when_idle") == "1"
-            log.info(
-                f"{self.workers.local_size} ranks share {self.workers.host_cores} cores on this "
-                f"host ({self.workers.threads} thread(s) each"
-                + (", Open MPI yields while waiting" if yields else "")
-                + "): more ranks than cores add no speed"
-            )
-        if previous is None:
-            t = self.t
-            imbalance = t.data.plan(t.state.position()[0]).mean_imbalance
-            self.summaries.start(
-                t.size.global_batch, t.learning_rate, t.size.steps_per_epoch, imbalance
-            )
+        self.summaries = Summaries(self.t.config, self.workers, self.run_dir)
+        self._say_how_it_runs(fresh=previous is None)
         self.meter = EnergyMeter(
-            self.cfg.scaling,
+            self.t.config.scaling,
             devices=self.workers.local_replicas,
             local_rank=self.workers.local_rank,
             local_size=self.workers.local_size,
         )
         self.meter.start()
-        self.best_loss = min((e.val["loss"] for e in self.prior_epochs if e.val), default=math.inf)
-        if self.tc.stop_after_steps:
-            self.stop_at = int(self.t.state.optimizer.step.numpy()) + self.tc.stop_after_steps
-        self.compile_s = self.t.step.compile()
+        vals = [e.val["loss"] for e in self.history.epochs if e.val]
+        self.best_loss = min(vals, default=math.inf)
+        if self.t.config.train.stop_after_steps:
+            steps = self.t.config.train.stop_after_steps
+            self.stop_at = int(self.t.state.optimizer.step.numpy()) + steps
+        self.status.compile_s = self.t.step.compile()
         try:
             with self.signals:
                 if self.elastic:
                     return elastic.run(self, self._train)
                 return self._train()
         except BaseException:
-            # No collective here: another rank may already be gone. Rank 0 keeps its own records.
+            # No collective here: another rank may already be gone. Rank 0 keeps its own timings.
             if self.chief:
-                timing.write_run(
-                    self.run_dir,
-                    self._info("failed", self.val_metrics),
-                    self.prior_steps + self.steps,
-                    self.prior_epochs + self.epochs,
-                )
+                info = self._info("failed", self.status.val_metrics)
+                steps, epochs = self.history.all_steps(), self.history.all_epochs()
+                timing.write_run(self.run_dir, info, steps, epochs)
             raise
+
+    def _say_how_it_runs(self, fresh: bool) -> None:
+        """The run's shape to the console (and hyperparameters to TensorBoard on a fresh start)."""
+        workers, t = self.workers, self.t
+        if workers.shares_cores:
+            yields = os.environ.get("OMPI_MCA_mpi_yield_when_idle") == "1"
+            log.info(
+                f"{workers.local_size} ranks share {workers.host_cores} cores on this "
+                f"host ({workers.threads} thread(s) each"
+                + (", Open MPI yields while waiting" if yields else "")
+                + "): more ranks than cores add no speed"
+            )
+        if fresh:
+            imbalance = t.data.plan(t.state.position()[0]).mean_imbalance
+            self.summaries.start(
+                t.size.global_batch, t.learning_rate, t.size.steps_per_epoch, imbalance
+            )
 
     def _train(self) -> dict[str, Any]:
         """The epochs from the position the trainer holds, then the run's end. Elastic
         training calls it again after every restart, from the last commit."""
         self.t.resize()  # elastic: the position may have come from rank 0 since
-        start_epoch, start_step = (
-            int(self.t.state.epoch.numpy()),
-            int(self.t.state.step_in_epoch.numpy()),
-        )
+        start_epoch, start_step = self.t.state.position()
         self.global_step = int(self.t.state.optimizer.step.numpy())
         stopped = False
         clock = timing.PartClock()
-        for epoch in range(start_epoch, self.tc.epochs):
+        for epoch in range(start_epoch, self.epochs):
             first = start_step if epoch == start_epoch else 0
             stopped, val = self._epoch(epoch, first, clock)
             if stopped:
@@ -154,7 +153,7 @@ class _Fit:
             self._save(epoch + 1, 0, clock, val)
             with clock.part("records_s"):
                 self.commit()  # elastic: workers that joined start here
-            if self._stop_due() and epoch + 1 < self.tc.epochs:
+            if self._stop_due() and epoch + 1 < self.epochs:
                 stopped = True
                 break
         return self._finish(stopped)
@@ -168,20 +167,19 @@ class _Fit:
         if chief != self.chief:
             self.chief = chief
             self.summaries.close()
-            self.summaries = Summaries(self.cfg, self.workers, self.run_dir)
+            self.summaries = Summaries(self.t.config, self.workers, self.run_dir)
 
     def _epoch(
         self, epoch: int, first: int, clock: timing.PartClock
     ) -> tuple[bool, Optional[dict]]:
-        """Trains one epoch from step ``first`` and validates; records it unless stopped.
+        """Trains one epoch from step ``first`` and validates; times it unless stopped.
         Returns (stopped, validation metrics or None)."""
         t = self.t
-        bookkeeping_parts = ("checkpoint_s", "records_s", "summaries_s")
-        # Already booked to this interval: the previous epoch's records, checkpoint and commit.
-        booked = sum(clock.parts[p] for p in bookkeeping_parts)
+        # Already booked to this interval: the previous epoch's timings, checkpoint and commit.
+        booked = sum(clock.parts[p] for p in BOOKKEEPING_PARTS)
         memory.reset_peak()
         train_start = time.perf_counter()
-        self.epoch_timings_from = len(self.prior_steps)  # this epoch's steps, once gathered
+        self.history.start_epoch()
         with clock.part("pipeline_s"):
             batches = t.data.batches(epoch, first, t.size.steps_per_epoch)
         tally = self._steps(epoch, first, batches, clock)
@@ -189,27 +187,30 @@ class _Fit:
             batches.close()  # ends the epoch's pipelines
         if tally.stopped:
             return True, None
-        # Training time: pipeline and steps; step checkpoints, records and summaries taken out.
-        bookkeeping = sum(clock.parts[p] for p in bookkeeping_parts) - booked
+        # Training time: pipeline and steps; step checkpoints, timings and summaries taken out.
+        bookkeeping = sum(clock.parts[p] for p in BOOKKEEPING_PARTS) - booked
         train_s = time.perf_counter() - train_start - bookkeeping
         val = None
-        if (epoch + 1) % self.tc.validate_every_epochs == 0 or epoch + 1 == self.tc.epochs:
+        validate_every = t.config.train.validate_every_epochs
+        if (epoch + 1) % validate_every == 0 or epoch + 1 == self.epochs:
             with clock.part("validation_s"):
-                val = self.val_metrics = t.evaluate("val")
+                val = self.status.val_metrics = t.evaluate("val")
         with clock.part("summaries_s"):
             self.summaries.epoch(self.global_step, train_s, tally.edges, t.data.plan(epoch), val)
-            log.info(console.epoch_line(epoch, self.tc.epochs, train_s, tally.losses, val or {}))
-        # The record's wall time ends here: what follows (its records and checkpoint) belongs
+            log.info(console.epoch_line(epoch, self.epochs, train_s, tally.losses, val or {}))
+        # The timing's wall time ends here: what follows (its timings and checkpoint) belongs
         # to the next interval.
-        self.epochs.append(self._epoch_timing(epoch, first, train_s, tally, val, clock))
+        self.history.new_epochs.append(
+            runfiles.epoch_timing(t, epoch, tally.steps, tally.losses, train_s, val, clock)
+        )
         return False, val
 
     def _save(self, epoch: int, step: int, clock: timing.PartClock, val=None) -> None:
-        """Writes the records, then the checkpoint to resume at (``epoch``, ``step``), and
+        """Writes the timings, then the checkpoint to resume at (``epoch``, ``step``), and
         ``best/`` when ``val`` improved on every earlier validation.
 
         In this order a crash between the two resumes from the previous checkpoint, and the
-        resume trims the records to its position: records and checkpoints always agree."""
+        resume trims the timings to its position: timings and checkpoints always agree."""
         with clock.part("records_s"):
             self._write_timings("running", epoch - 1 if step == 0 else None)
         with clock.part("checkpoint_s"):
@@ -219,16 +220,16 @@ class _Fit:
                 self.checkpoints.save_best(epoch)
 
     def _steps(self, epoch: int, first: int, batches, clock: timing.PartClock) -> _EpochTally:
-        t, tc = self.t, self.tc
+        t, tc = self.t, self.t.config.train
         plan = t.data.plan(epoch)
-        passes = self.cfg.distributed.backward_passes_per_step
+        passes = t.config.distributed.backward_passes_per_step
         tally = _EpochTally()
         bar = console.progress(
             self.chief and tc.progress_bar,
             t.size.steps_per_epoch,
             first,
             epoch,
-            tc.epochs,
+            self.epochs,
             interval=tc.progress_interval_s,
         )
         for step in range(first, t.size.steps_per_epoch):
@@ -240,20 +241,17 @@ class _Fit:
                 stop=self.signals.received is not None,
                 checkpoint=self.chief and not last and self.checkpoints.due(),
             )
-            self.preempted = self.preempted or times.stop
+            self.status.preempted = self.status.preempted or times.stop
             for part in ("data_s", "compute_s", "exchange_s"):
                 clock.add(part, getattr(times, part))
-            if not (math.isfinite(times.loss) and math.isfinite(times.grad_norm)):
-                raise TrainingError(
-                    f"the training loss is {times.loss} and the gradient norm {times.grad_norm} "
-                    f"at epoch {epoch} step {step} (global step "
-                    f"{self.global_step}); stopped without saving. Last good checkpoint: "
-                    f"{self.checkpoints.latest.latest_checkpoint or 'none'}. Lower "
-                    "train.learning_rate or set train.grad_clip_norm"
-                )
+            self._check_finite(times, epoch, step)
             rows = slice(step * passes, (step + 1) * passes)
             step_edges = int(plan.edges[rows].sum())
-            self._step_timing(epoch, step, first, times, plan, rows, tally, step_edges)
+            timed = runfiles.step_timing(t, epoch, step, first, times, plan)
+            self.history.add_step(timed, t.size.global_batch, step_edges)
+            tally.steps.append(timed)
+            tally.losses.append(times.loss)
+            tally.edges += step_edges
             self.global_step += 1
             with clock.part("summaries_s"):
                 imbalance = float(plan.step_imbalance[rows].max())
@@ -262,13 +260,10 @@ class _Fit:
                 )
                 bar.update(step, times.loss, step_edges / times.total_s)
             t.state.step_in_epoch.assign(step + 1)
-            every = tc.checkpoint_every_steps
             tally.stopped = self._stop_due() and not last
-            if (
-                tally.stopped
-                or times.checkpoint
-                or (every and self.global_step % every == 0 and not last)
-            ):
+            every = tc.checkpoint_every_steps
+            due = every and self.global_step % every == 0 and not last
+            if tally.stopped or times.checkpoint or due:
                 self._save(epoch, step + 1, clock)
             if tally.stopped:
                 break
@@ -276,174 +271,35 @@ class _Fit:
             bar.close()
         return tally
 
-    def _stop_due(self) -> bool:
-        return self.preempted or (self.stop_at is not None and self.global_step >= self.stop_at)
-
-    # -- records ------------------------------------------------------------------------
-    def _step_timing(self, epoch, step, first, times, plan, rows, tally, step_edges) -> None:
-        t, workers = self.t, self.workers
-        passes = self.cfg.distributed.backward_passes_per_step
-        my_graphs = self.tc.batch_graphs * passes * workers.local_replicas
-        my_edges = int(plan.edges[rows][:, workers.replica_ids].sum())
-        self.steps.append(
-            timing.StepTiming(
-                epoch=epoch,
-                step=step,
-                rank=workers.rank,
-                data_s=times.data_s,
-                compute_s=times.compute_s,
-                exchange_s=times.exchange_s,
-                total_s=times.total_s,
-                graphs=my_graphs,
-                edges=my_edges,
-                warmup=(step - first) < self.cfg.scaling.timing_warmup_steps,
+    def _check_finite(self, times, epoch: int, step: int) -> None:
+        if not (math.isfinite(times.loss) and math.isfinite(times.grad_norm)):
+            raise TrainingError(
+                f"the training loss is {times.loss} and the gradient norm {times.grad_norm} "
+                f"at epoch {epoch} step {step} (global step "
+                f"{self.global_step}); stopped without saving. Last good checkpoint: "
+                f"{self.checkpoints.latest.latest_checkpoint or 'none'}. Lower "
+                "train.learning_rate or set train.grad_clip_norm"
             )
-        )
-        tally.losses.append(times.loss)
-        tally.edges += step_edges
-        self.graphs_done += t.size.global_batch
-        self.edges_done += step_edges
-        tally.my_graphs += my_graphs
-        tally.my_edges += my_edges
 
-    def _epoch_timing(self, epoch, first, train_s, tally, val, clock) -> timing.EpochTiming:
-        return timing.EpochTiming(
-            epoch=epoch,
-            rank=self.workers.rank,
-            time_s=train_s,
-            wall_s=clock.wall(),
-            steps=self.t.size.steps_per_epoch - first,
-            graphs=tally.my_graphs,  # this rank's share; ranks add up
-            edges=tally.my_edges,
-            train_loss=float(np.mean(tally.losses)) if tally.losses else float("nan"),
-            val=dict(val) if val else None,
-            workers=self.workers.num_replicas,
-            peak_rss_bytes=memory.peak_rss_bytes(),
-            peak_gpu_bytes=max(
-                (
-                    memory.device_peak_bytes(d.name) or 0
-                    for d in tf.config.list_logical_devices("GPU")
-                ),
-                default=None,
-            ),
-            **clock.parts,
-        )
+    def _stop_due(self) -> bool:
+        reached = self.stop_at is not None and self.global_step >= self.stop_at
+        return self.status.preempted or reached
 
-    def _gather(self, records: list, cls: type) -> list:
-        """``records`` (dataclasses) of every rank, concatenated in rank order, on every rank."""
-        payload = np.frombuffer(
-            json.dumps([dataclasses.asdict(r) for r in records]).encode(), np.uint8
-        )
-        sizes = self.workers.allgather_host(np.array([payload.size], np.int64))
-        joined = self.workers.allgather_host(payload).tobytes()
-        out, start = [], 0
-        for size in sizes:
-            out += [cls(**d) for d in json.loads(joined[start : start + int(size)])]
-            start += int(size)
-        return out
-
-    def _write_timings(self, status: str, epoch: Optional[int], energy=None) -> dict[str, Any]:
-        """Gathers every rank's new records and has the chief rewrite run.json and timing.jsonl
-        (every rank runs the same steps, so every rank reaches these collectives)."""
-        new_steps = self._gather(self.steps, timing.StepTiming)
-        new_epochs = self._gather(self.epochs, timing.EpochTiming)
-        self.prior_steps += new_steps
-        self.prior_epochs += new_epochs
-        self.steps, self.epochs = [], []
-        info = self._info(status, self.val_metrics, energy)
+    # -- timings ------------------------------------------------------------------------
+    def _write_timings(self, state: str, epoch: Optional[int], energy=None) -> dict[str, Any]:
+        """Gathers every rank's new timings and has the chief rewrite run.json and
+        timing.jsonl (every rank runs the same steps, so every rank reaches these collectives)."""
+        new_epochs = self.history.gather(self.workers.allgather_host)
+        info = self._info(state, self.status.val_metrics, energy)
         if self.chief:
-            timing.write_run(self.run_dir, info, self.prior_steps, self.prior_epochs)
-            if epoch is not None:  # this epoch's records only: the cost stays per epoch
-                steps = [r for r in self.prior_steps[self.epoch_timings_from :] if r.epoch == epoch]
-                epochs = [r for r in new_epochs if r.epoch == epoch]
-                run = timing.Run(self.run_dir, info, steps, epochs)
+            timing.write_run(self.run_dir, info, self.history.steps, self.history.epochs)
+            if epoch is not None:  # this epoch's timings only: the cost stays per epoch
+                run = self.history.epoch_run(self.run_dir, info, epoch, new_epochs)
                 self.summaries.accounts(self.global_step, run, epoch)
         return info
 
-    def _info(self, status: str, metrics, energy=None) -> dict[str, Any]:
-        cfg_dict = config_to_dict(self.cfg)
-        described = self.workers.describe()
-        return runinfo.make_run_info(
-            config_name=self.cfg.name,
-            config_hash=runinfo.hash_config(cfg_dict),
-            strategy=described.pop("strategy"),
-            num_workers=described.pop("num_workers"),
-            batch_graphs=self.tc.batch_graphs,
-            global_batch_graphs=self.t.size.global_batch,
-            learning_rate=self.t.learning_rate,
-            epochs=self.tc.epochs,
-            device_kind=self.cfg.scaling.device_kind,
-            config=cfg_dict,
-            status=status,
-            started=self.started,
-            finished=time.strftime("%Y-%m-%dT%H:%M:%S") if status != "running" else None,
-            host=rundir.hostname(),
-            num_params=int(sum(np.prod(v.shape) for v in self.t.state.variables)),
-            gradient_bytes=int(
-                sum(np.prod(v.shape) * v.dtype.size for v in self.t.state.variables)
-            ),
-            graphs_processed=self.graphs_done,
-            edges_processed=self.edges_done,
-            metrics=metrics or {},
-            energy=energy,
-            steps_per_epoch=self.t.size.steps_per_epoch,
-            # tracing the step's compiled parts, before the first epoch (seconds, this rank)
-            compile_s=self.compile_s,
-            # max/mean edges per worker per step, mean over the steps of the first epoch's plan
-            edge_imbalance=self.t.size.edge_imbalance,
-            stopped_by="signal" if self.preempted and status == "stopped" else None,
-            dataset_digest=self.t.data.digest,
-            elastic_resets=list(self.resets) if self.elastic else None,
-            # whole graphs, or subgraph mini-batches (train.subgraphs; records count seed edges)
-            input_mode="subgraphs" if self.tc.subgraphs.enabled else "graphs",
-            # distributed.stages: {"num_stages": S, "micro_batches": M}, None without stages
-            stages=self.cfg.distributed.stages.run_info(),
-            **described,
-        )
-
-    # -- start and end ------------------------------------------------------------------
-    def _check_resume(self) -> None:
-        info_file = self.run_dir / timing.RUN_INFO_FILE
-        if not (self.tc.resume and info_file.exists()):
-            return
-        latest = tf.train.latest_checkpoint(str(self.run_dir / "checkpoints"))
-        step_in_epoch = 0
-        if latest:  # the position it holds (its number is the optimizer step: elastic runs
-            # change the steps per epoch, so the number does not tell)
-            reader = tf.train.load_checkpoint(latest)
-            step_in_epoch = int(reader.get_tensor("step_in_epoch/.ATTRIBUTES/VARIABLE_VALUE"))
-        rundir.check_resume(
-            self.run_dir,
-            timing.read_run(self.run_dir).info,
-            self.cfg,
-            self.workers.num_replicas,
-            latest,
-            self.t.data.digest,
-            step_in_epoch,
-        )
-
-    def _restore(self) -> Optional[timing.Run]:
-        """Restores the newest checkpoint (when resuming) and the records written so far."""
-        resume = self.tc.resume
-        previous = (
-            timing.read_run(self.run_dir)
-            if resume and (self.run_dir / timing.RUN_INFO_FILE).exists()
-            else None
-        )
-        restored = self.t.state.restore(
-            self.checkpoints.directory if resume else None, broadcast=not self.elastic
-        )
-        if not restored:
-            return None
-        if previous is not None:
-            # Only what the checkpoint holds: steps that ran after it (before a crash) run again.
-            at = (int(self.t.state.epoch.numpy()), int(self.t.state.step_in_epoch.numpy()))
-            self.prior_steps = [r for r in previous.steps if (r.epoch, r.step) < at]
-            self.prior_epochs = [r for r in previous.epochs if r.epoch < at[0]]
-            self.graphs_done = sum(r.graphs for r in self.prior_steps)
-            self.edges_done = sum(r.edges for r in self.prior_steps)
-            self.started = previous.info.get("started") or self.started
-        return previous
+    def _info(self, state: str, metrics, energy=None) -> dict[str, Any]:
+        return runfiles.run_info(self.t, self.history, self.status, state, metrics, energy)
 
     def _finish(self, stopped: bool) -> dict[str, Any]:
         reading = self.meter.stop()
@@ -451,7 +307,7 @@ class _Fit:
         energy["joules"] = float(self.workers.allreduce_host(np.array([reading.joules]))[0])
         info = self._write_timings("stopped" if stopped else "finished", None, energy)
         note = " (stopped: run the same command again to resume)" if stopped else ""
-        if self.preempted and stopped:
+        if self.status.preempted and stopped:
             got = f"{self.signals.received} here" if self.signals.received else "on another rank"
             note = (
                 f" (stopped by a signal ({got}) after global step {self.global_step}, "
