@@ -8,6 +8,7 @@ import json
 import pytest
 
 from hvdtrack.errors import ConfigError, DataError
+from hvdtrack.runs.timing import read_run
 from hvdtrack.scaling import report
 from hvdtrack.scaling.render import render_markdown
 
@@ -129,3 +130,28 @@ def test_two_runs_of_one_mode_and_n_are_refused(mode_runs, tmp_path, synthetic_r
     )
     with pytest.raises(DataError, match=r"two runs with N=2: .*pipe-np2 and .*again"):
         report.build_report([*mode_runs, again])
+
+
+def test_the_mode_label_reads_stages_and_the_old_pipeline_field(tmp_path, synthetic_run):
+    # run.json records ``stages: {num_stages, micro_batches}``; runs written before the rename
+    # recorded ``pipeline: {stages, micro_batches}``: both give the same label.
+    infos = {
+        "new": {"input_mode": "subgraphs", "stages": {"num_stages": 4, "micro_batches": 8}},
+        "old": {"input_mode": "subgraphs", "pipeline": {"stages": 4, "micro_batches": 8}},
+        "plain": {"input_mode": "graphs", "stages": None},
+    }
+    labels = {
+        name: report.training_mode(
+            read_run(
+                synthetic_run(
+                    tmp_path / name, 1, epoch_s=[[10.0]], step_s=[1.0], batch_graphs=2, info=info
+                )
+            )
+        )
+        for name, info in infos.items()
+    }
+    assert labels == {
+        "new": "subgraphs, stages 4x8",
+        "old": "subgraphs, stages 4x8",
+        "plain": "graphs",
+    }

@@ -28,6 +28,18 @@ def test_the_section_defaults_to_no_pipeline_and_reads_its_keys():
     assert StagesConfig(2, 5).run_info() == {"num_stages": 2, "micro_batches": 5}
 
 
+def test_the_old_pipeline_key_is_read_as_stages_with_a_warning():
+    # Configs written before the rename: distributed.pipeline {stages, micro_batches}.
+    with pytest.warns(FutureWarning, match=r"'distributed.pipeline' .* is deprecated"):
+        config = load_config(
+            TINY, ["distributed.pipeline.stages=2", "distributed.pipeline.micro_batches=3"]
+        )
+    assert config.distributed.stages == StagesConfig(num_stages=2, micro_batches=3)
+    assert "pipeline" not in config_to_dict(config)["distributed"]
+    with pytest.raises(ConfigError, match=r"give only 'distributed.stages'"):
+        load_config(TINY, ["distributed.pipeline.stages=2", "distributed.stages.num_stages=2"])
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
@@ -95,7 +107,7 @@ def test_what_a_pipeline_runs_with_is_accepted(strategy):
     load_config(TINY, ["distributed.strategy=mirrored", "model.recompute=true"])
 
 
-def test_a_resume_may_change_the_pipeline_but_not_the_model(tmp_path):
+def test_a_resume_may_change_the_stages_but_not_the_model(tmp_path):
     plain = load_config(TINY)
     previous = {"config": config_to_dict(plain), "num_workers": 1, "dataset_digest": "d"}
     piped = load_config(
@@ -105,6 +117,14 @@ def test_a_resume_may_change_the_pipeline_but_not_the_model(tmp_path):
     changed = load_config(TINY, ["distributed.stages.num_stages=2", "model.output_head=[8]"])
     with pytest.raises(ConfigError, match="model.output_head"):
         rundir.check_resume(tmp_path, previous, changed, 1, None, "d")
+    # A run directory written before the rename recorded distributed.pipeline: still resumable.
+    recorded = config_to_dict(plain)
+    recorded["distributed"].pop("stages")
+    recorded["distributed"]["pipeline"] = {"stages": 2, "micro_batches": 2}
+    old_run = {"config": recorded, "num_workers": 1, "dataset_digest": "d"}
+    rundir.check_resume(tmp_path, old_run, piped, 1, None, "d")
+    with pytest.raises(ConfigError, match="model.output_head"):
+        rundir.check_resume(tmp_path, old_run, changed, 1, None, "d")
 
 
 @pytest.mark.slow  # two Trainers on the tiny dataset, one trace of the pipelined step
