@@ -62,7 +62,7 @@ def run_program() -> None:
         json.dumps(
             {
                 "status": info["status"],
-                "pipeline": info["pipeline"],
+                "stages": info["stages"],
                 "input_mode": info["input_mode"],
                 "num_workers": trainer.workers.num_replicas,
                 "devices": trainer.step.stages.devices,
@@ -77,7 +77,7 @@ def run_program() -> None:
     trainer.workers.shutdown()
 
 
-def test_pipelined_training_on_two_horovod_workers_validates_on_whole_graphs(
+def test_training_in_stages_on_two_horovod_workers_validates_on_whole_graphs(
     tiny_dataset, tmp_path
 ):
     from hvdtrack.records.manifest import open_dataset
@@ -89,7 +89,7 @@ def test_pipelined_training_on_two_horovod_workers_validates_on_whole_graphs(
     val = open_dataset(tiny_dataset).split_table("val")
     for row in rows:
         assert row["status"] == "finished" and row["num_workers"] == 2
-        assert row["pipeline"] == {"stages": 2, "micro_batches": 2}
+        assert row["stages"] == {"num_stages": 2, "micro_batches": 2}
         assert row["input_mode"] == "graphs"
         # Each rank's stages on devices of their own, made before TensorFlow started.
         assert [d.split("/")[-1] for d in row["devices"]] == ["device:CPU:0", "device:CPU:1"]

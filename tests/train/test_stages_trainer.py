@@ -141,7 +141,7 @@ def test_a_resume_may_change_the_stages_but_not_the_model(tmp_path):
     ],
     ids=["graphs", "subgraphs-2-passes"],
 )
-def test_a_pipelined_trainer_step_equals_the_plain_one(tiny_config, overrides):
+def test_a_staged_trainer_step_equals_the_plain_one(tiny_config, overrides):
     from hvdtrack.train.trainer import Trainer
 
     plain = Trainer(tiny_config(*overrides))
@@ -150,14 +150,14 @@ def test_a_pipelined_trainer_step_equals_the_plain_one(tiny_config, overrides):
             *overrides, "distributed.stages.num_stages=2", "distributed.stages.micro_batches=2"
         )
     )
-    assert plain.pipeline is None and len(piped.pipeline.devices) == 2
-    assert [len(s) for s in piped.pipeline.steps] == [1, 1]
-    for mine, theirs in zip(piped.variables, plain.variables):
+    assert plain.step.stages is None and len(piped.step.stages.devices) == 2
+    assert [len(s) for s in piped.step.stages.steps] == [1, 1]
+    for mine, theirs in zip(piped.state.variables, plain.state.variables):
         mine.assign(theirs)  # the same starting point
-    before = [v.numpy() for v in plain.variables]
-    losses = [t.step(t.batches(0, 0)).loss for t in (plain, piped)]
+    before = [v.numpy() for v in plain.state.variables]
+    losses = [t.step.run(t.data.batches(0, 0, t.size.steps_per_epoch)).loss for t in (plain, piped)]
     assert losses[1] == pytest.approx(losses[0], rel=1e-5)
-    for a, b, start in zip(piped.variables, plain.variables, before):
+    for a, b, start in zip(piped.state.variables, plain.state.variables, before):
         assert not np.array_equal(b.numpy(), start)  # the step moved every weight
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
     # evaluation stays the plain model on whole graphs: the same metrics from (almost) equal weights
@@ -168,7 +168,7 @@ def test_a_pipelined_trainer_step_equals_the_plain_one(tiny_config, overrides):
 
 
 @pytest.mark.slow  # the real command: 2 epochs of the tiny config with a 2 x 2 pipeline
-def test_train_command_with_a_pipeline_records_it(tiny_dataset, tmp_path):
+def test_train_command_with_stages_records_them(tiny_dataset, tmp_path):
     import subprocess
     import sys
 
