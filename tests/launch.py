@@ -265,3 +265,36 @@ def worker_pid(run_dir: Path, rank: int, timeout: float = 120) -> int:
                     return int(pid)
         time.sleep(0.2)
     raise AssertionError(f"no rank {rank} process for {run_dir}")
+
+
+# ------------------------------------------------ runs that only their fault or a step ends
+# A fault test's run must still be going when its fault (a signal, a kill, a time limit) lands,
+# on any machine, however fast: it is given epochs it can never reach, so nothing but the fault
+# (or ``train.stop_after_steps``) ends it. The rerun then stops at a fixed optimizer step past
+# the checkpoint it resumes from, and is compared with an uninterrupted run stopped at that same
+# step. Both runs have the same ``train.epochs``, so the same learning-rate schedule.
+UNBOUNDED_EPOCHS = 100_000
+
+
+def unbounded(*overrides: str) -> tuple[str, ...]:
+    """Overrides for a run that only its fault or ``train.stop_after_steps`` can end."""
+    return (f"train.epochs={UNBOUNDED_EPOCHS}", *overrides)
+
+
+def checkpoint_step(run_dir: Path) -> int:
+    """The optimizer step held by the newest checkpoint of ``run_dir`` (0 without one)."""
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
+    if latest is None:
+        return 0
+    reader = tf.train.load_checkpoint(latest)
+    return int(reader.get_tensor("optimizer/step/.ATTRIBUTES/VARIABLE_VALUE"))
+
+
+def stop_at(run_dir: Path, step: int) -> str:
+    """The override that makes the next run in ``run_dir`` (a resume, or a fresh start) stop
+    at optimizer step ``step`` (``train.stop_after_steps`` counts from where it resumes)."""
+    done = checkpoint_step(run_dir)
+    assert step > done, f"{run_dir} already holds step {done} >= {step}"
+    return f"train.stop_after_steps={step - done}"
