@@ -2,8 +2,12 @@
 Docker, Apptainer or SLURM.
 
 The recipes must run run_scripts/install.sh, the one install script CI runs, with the knobs that
-fit each image; the sbatch scripts are checked with bash -n, shellcheck, and by running them
-against a stand-in ``srun`` that records the command it was given.
+fit each image; the ``..._table`` tests hold a recipe against hand-written tables (distribution
+gcc, TensorFlow's CUDA), not a build (``-m containers`` builds the CPU image). The sbatch scripts
+are checked with bash -n, shellcheck, and for what cannot run on this machine (several nodes, GPU
+nodes, Apptainer) by the ``..._command_line`` tests: the script runs against a stand-in ``srun``
+that only records the command it was given. What runs on one node runs under a real SLURM in
+tests/slurm (Horovod and MultiWorker training, prepare, requeue, scancel, kill).
 """
 
 from __future__ import annotations
@@ -281,7 +285,8 @@ def test_recipe_installs_every_debian_package_install_sh_checks(recipe):
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_base_image_compiler_can_build_horovod(recipe):
+def test_base_image_gcc_is_one_horovod_builds_with_table(recipe):
+    # DISTRO_GCC and MAX_GCC are written by hand; the build itself runs with -m containers.
     image = _base_image(recipe)
     distro = next((d for d in DISTRO_GCC if d in image), None)
     assert distro, f"{recipe}: base {image}: unknown distribution; add it to DISTRO_GCC"
@@ -358,7 +363,8 @@ def test_image_runs_as_an_ordinary_user_who_can_write_the_working_directory(dock
     assert "useradd" in setup and re.search(rf"chown \S*{users[-1]}\S* {workdirs[-1]}\b", setup)
 
 
-def test_gpu_base_is_a_cuda_devel_image_matching_the_tensorflow_pin():
+def test_gpu_base_is_a_cuda_devel_image_of_the_tensorflow_pins_cuda_table():
+    # TF_CUDA is written by hand from TensorFlow's tested build configurations.
     cfg = configparser.ConfigParser()
     cfg.read(REPO / "setup.cfg")
     pin = re.search(r"==(\d+\.\d+)", cfg["options.extras_require"]["gpu"]).group(1)
@@ -525,8 +531,10 @@ def test_sbatch_directives_precede_the_first_command(script, required):
 
 
 @pytest.fixture
-def fake_slurm(tmp_path):
-    """Runs an sbatch script as SLURM would on the batch node, with an ``srun`` that only records.
+def recorded_srun(tmp_path):
+    """Runs an sbatch script with the environment SLURM gives a batch shell on a 2-node job
+    (4 tasks x 8 CPUs a node), against a stand-in ``srun`` that only records its arguments and
+    environment: nothing is launched.
 
     Returns:
       run(script, *args, **env) -> (completed process, srun argv or None, srun's environment).
@@ -575,8 +583,8 @@ def fake_slurm(tmp_path):
     return run
 
 
-def test_train_horovod_is_launched_by_srun_with_pmix(fake_slurm):
-    proc, argv, env = fake_slurm("train.sbatch", "configs/x.yaml", "train.epochs=1")
+def test_train_horovod_command_line_is_srun_with_pmix(recorded_srun):
+    proc, argv, env = recorded_srun("train.sbatch", "configs/x.yaml", "train.epochs=1")
     assert proc.returncode == 0, proc.stderr
     assert argv == [
         "--kill-on-bad-exit=1", "--mpi=pmix", "--cpus-per-task=8", "--cpu-bind=cores",
@@ -586,8 +594,8 @@ def test_train_horovod_is_launched_by_srun_with_pmix(fake_slurm):
     assert env["OMP_NUM_THREADS"] == "8"
 
 
-def test_train_multiworker_runs_one_process_per_node_without_mpi(fake_slurm):
-    proc, argv, env = fake_slurm("train.sbatch", "configs/x.yaml", STRATEGY="multiworker")
+def test_train_multiworker_command_line_is_one_task_per_node_without_mpi(recorded_srun):
+    proc, argv, env = recorded_srun("train.sbatch", "configs/x.yaml", STRATEGY="multiworker")
     assert proc.returncode == 0, proc.stderr
     assert argv[:5] == ["--kill-on-bad-exit=1", "--mpi=none", "--ntasks=2", "--ntasks-per-node=1",
                         "--cpus-per-task=32"]  # fmt: skip
@@ -598,8 +606,8 @@ def test_train_multiworker_runs_one_process_per_node_without_mpi(fake_slurm):
         assert env["CUDA_VISIBLE_DEVICES"] == ""
 
 
-def test_train_multiworker_keeps_slurms_gpu_list(fake_slurm):
-    proc, _, env = fake_slurm(
+def test_train_multiworker_command_line_keeps_slurms_gpu_list(recorded_srun):
+    proc, _, env = recorded_srun(
         "train.sbatch", "configs/x.yaml", STRATEGY="multiworker", SLURM_GPUS_ON_NODE="4",
         CUDA_VISIBLE_DEVICES="0,1,2,3",
     )  # fmt: skip
@@ -607,12 +615,12 @@ def test_train_multiworker_keeps_slurms_gpu_list(fake_slurm):
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
 
 
-def test_train_in_apptainer_on_gpu_nodes(fake_slurm):
-    proc, argv, _ = fake_slurm(
+def test_train_in_apptainer_on_gpu_nodes_command_line(recorded_srun):
+    proc, argv, _ = recorded_srun(
         "train.sbatch", "configs/x.yaml", CONTAINER="/images/hvdtrack.sif", SLURM_GPUS_ON_NODE="4"
     )
     assert proc.returncode == 0, proc.stderr
-    wd = str(fake_slurm.workdir)
+    wd = str(recorded_srun.workdir)
     start = argv.index("apptainer")
     assert argv[start : start + 10] == [
         "apptainer", "exec", "--bind", wd, "--pwd", wd, "--nv", "/images/hvdtrack.sif",
@@ -621,39 +629,41 @@ def test_train_in_apptainer_on_gpu_nodes(fake_slurm):
     assert "--mpi=pmix" in argv[:start]
 
 
-def test_train_prefers_the_checkouts_venv(fake_slurm):
-    venv_python = fake_slurm.workdir / ".venv" / "bin" / "python"
+def test_train_command_line_prefers_the_checkouts_venv(recorded_srun):
+    venv_python = recorded_srun.workdir / ".venv" / "bin" / "python"
     venv_python.parent.mkdir(parents=True)
     venv_python.write_text("#!/bin/sh\n")
     venv_python.chmod(0o755)
-    _, argv, _ = fake_slurm("train.sbatch", "configs/x.yaml", SRUN_MPI="pmi2")
+    _, argv, _ = recorded_srun("train.sbatch", "configs/x.yaml", SRUN_MPI="pmi2")
     assert "--mpi=pmi2" in argv
     assert str(venv_python) in argv
 
 
-def test_train_config_from_the_environment_leaves_arguments_as_overrides(fake_slurm):
-    proc, argv, _ = fake_slurm("train.sbatch", "train.epochs=3", CONFIG="configs/y.yaml")
+def test_train_command_line_takes_the_config_from_the_environment_and_arguments_as_overrides(
+    recorded_srun,
+):
+    proc, argv, _ = recorded_srun("train.sbatch", "train.epochs=3", CONFIG="configs/y.yaml")
     assert proc.returncode == 0, proc.stderr
     assert argv[argv.index("--config") + 1] == "configs/y.yaml"
     assert argv[-1] == "train.epochs=3"
 
 
-def test_train_without_a_config_explains_usage(fake_slurm):
-    proc, argv, _ = fake_slurm("train.sbatch")
+def test_train_without_a_config_explains_usage_and_starts_nothing(recorded_srun):
+    proc, argv, _ = recorded_srun("train.sbatch")
     assert proc.returncode == 2
     assert "usage: sbatch run_scripts/slurm/train.sbatch configs/<name>.yaml" in proc.stderr
     assert argv is None
 
 
-def test_train_rejects_an_unknown_strategy(fake_slurm):
-    proc, argv, _ = fake_slurm("train.sbatch", "configs/x.yaml", STRATEGY="mirrored")
+def test_train_rejects_an_unknown_strategy_and_starts_nothing(recorded_srun):
+    proc, argv, _ = recorded_srun("train.sbatch", "configs/x.yaml", STRATEGY="mirrored")
     assert proc.returncode == 2
     assert "STRATEGY must be horovod or multiworker, got 'mirrored'" in proc.stderr
     assert argv is None
 
 
-def test_prepare_runs_one_task(fake_slurm):
-    proc, argv, env = fake_slurm("prepare.sbatch", "configs/x.yaml", SLURM_CPUS_PER_TASK="16")
+def test_prepare_command_line_is_one_task(recorded_srun):
+    proc, argv, env = recorded_srun("prepare.sbatch", "configs/x.yaml", SLURM_CPUS_PER_TASK="16")
     assert proc.returncode == 0, proc.stderr
     assert argv == ["--kill-on-bad-exit=1", "--ntasks=1", "--cpus-per-task=16", "python3", "-m",
                     "hvdtrack.prepare", "--config", "configs/x.yaml"]  # fmt: skip

@@ -105,7 +105,8 @@ def _main(argv: Sequence[str] | None) -> int:
         raise failure from None
     if info.get("stopped_by") == "signal":
         return PREEMPTED_EXIT_CODE  # checkpointed on SIGTERM/SIGUSR1: rerun to resume
-    return 0 if info.get("status") == "finished" else 1
+    # "stopped" by train.stop_after_steps is a planned end (e.g. before a batch job's limit).
+    return 0 if info.get("status") in ("finished", "stopped") else 1
 
 
 def _peer_failure(err: Exception, config):
