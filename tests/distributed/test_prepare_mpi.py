@@ -99,7 +99,10 @@ def test_a_stopped_rank_is_named_when_its_deadline_passes_and_the_job_ends(tmp_p
     command = launch_command(
         2, ["-m", "hvdtrack.prepare", "--config", "tiny", "--no-progress"], "mpirun"
     )
-    # Events large enough that rank 1 is still building when it is stopped.
+    # Rank 1 must still be building when it is stopped: its scratch file appears as it starts
+    # its 3 events, and it is stopped some 0.05 s later; at 4000 particles an event takes
+    # seconds (6 s here, loaded), so a machine would have to be ~100x faster for it to finish
+    # first - and then rank 0 would name another step's deadline: the message check fails.
     command += [f"data.dataset_dir={target}", "data.prepare_timeout_s=2"]
     command += ["data.synthetic.num_particles=4000"]
     job = subprocess.Popen(

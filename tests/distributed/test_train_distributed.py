@@ -178,6 +178,59 @@ def test_too_few_graphs_fails_fast_on_every_rank(tiny_dataset, tmp_path):
     assert "8" in job.stdout + job.stderr
 
 
+def exchange(out) -> list[dict]:
+    """Per rank: the terms its step-0 exchange got and what it gave (train_program.py)."""
+    records = []
+    for rank in range(2):
+        saved = np.load(out / f"exchange-rank{rank}.npz")
+        record = {}
+        for key in sorted(saved.files, key=lambda k: int(k.rpartition("_")[2])):
+            record.setdefault(key.rpartition("_")[0], []).append(saved[key])
+        records.append(record)
+    return records
+
+
+def adasum(a, b):
+    """Adasum of 2 ranks, tensor by tensor: (1 - a.b/2|a|^2) a + (1 - a.b/2|b|^2) b; as in
+    Horovod (common/ops/adasum/adasum.h) a coefficient stays 1 when its |x|^2 < 1e-8."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    dot, aa, bb = (a * b).sum(), (a * a).sum(), (b * b).sum()
+    ca = 1 - dot / (2 * aa) if aa >= 1e-8 else 1.0
+    cb = 1 - dot / (2 * bb) if bb >= 1e-8 else 1.0
+    return ca * a + cb * b
+
+
+def assert_differs(actual, other, rtol, what):
+    """Some gradient entry differs from ``other``'s by more than rtol x that tensor's largest."""
+    gap = max(np.abs(x - y).max() / np.abs(y).max() for x, y in zip(actual, other) if y.any())
+    assert gap > rtol, f"the exchange gave {what} (largest relative difference {gap:.2g})"
+
+
+def check_fp16_exchange(records):
+    """Every rank's normalised gradient, cast to float16, summed in float16 (Horovod's fp16
+    compression), then cast back: exactly, and not the float32 sum the option replaces."""
+    terms = [r["terms"] for r in records]
+    total = np.float32(terms[0][1] + terms[1][1])  # the exact weight sum (never compressed)
+    for i, got in enumerate(records[0]["reduced"][2:]):
+        halves = [(t[2 + i] / total).astype(np.float16) for t in terms]
+        np.testing.assert_array_equal(got, (halves[0] + halves[1]).astype(np.float32), f"grad {i}")
+    plain = [(a + b) / total for a, b in zip(terms[0][2:], terms[1][2:])]
+    assert_differs(records[0]["reduced"][2:], plain, 1e-4, "the float32 sum")
+
+
+def check_adasum_exchange(records):
+    """Adasum of the 2 ranks' mean gradients (each over its own weight), not their average."""
+    a, b = ([g / t[1] for g in t[2:]] for t in (r["terms"] for r in records))
+    got = records[0]["reduced"][2:]
+    expected = [adasum(x, y) for x, y in zip(a, b)]
+    for i, (g, e) in enumerate(zip(got, expected)):
+        np.testing.assert_allclose(
+            g, e, rtol=1e-5, atol=1e-6 * np.abs(e).max(), err_msg=f"grad {i}"
+        )
+    assert_differs(got, [(x + y) / 2 for x, y in zip(a, b)], 1e-3, "the average")
+    assert_differs(got, [x + y for x, y in zip(a, b)], 1e-3, "the sum")
+
+
 @pytest.mark.parametrize(
     "controller, options",
     [
@@ -187,8 +240,25 @@ def test_too_few_graphs_fails_fast_on_every_rank(tiny_dataset, tmp_path):
     ids=["fp16-accumulate-gloo", "adasum-mpi"],
 )
 def test_horovod_options(controller, options, tiny_dataset, tmp_path):
+    """The option changes what the exchange gives (checked against numpy on each rank's real
+    step-0 terms), and training with it runs: ranks in step, deterministic, right step count."""
     args = [PROGRAM, CONFIG, str(tiny_dataset), str(tmp_path), "horovod", *OVERRIDES, *options]
     check(horovodrun(2, args, controller))
+    records = exchange(tmp_path)
+    for got, other in zip(records[0]["reduced"], records[1]["reduced"]):
+        np.testing.assert_array_equal(got, other)  # every rank got the same result
+    passes = 2 if "distributed.backward_passes_per_step=2" in options else 1
+    if passes == 2:
+        # The exchange got both passes' terms (pass 0 holds edges: dropping it would show).
+        # Not bit for bit: each pass was computed again, and TF's CPU sums vary in the last bit.
+        for r in records:
+            assert r["pass0"][1] > 0
+            for got, p0, p1 in zip(r["terms"], r["pass0"], r["pass1"]):
+                np.testing.assert_allclose(got, p0 + p1, rtol=1e-5, atol=1e-6 * np.abs(got).max())
+    if "distributed.compression=fp16" in options:
+        check_fp16_exchange(records)
+    else:
+        check_adasum_exchange(records)
     rows = results(tmp_path)
     assert sorted(rows) == [0, 1]
     for row in rows.values():
@@ -196,7 +266,6 @@ def test_horovod_options(controller, options, tiny_dataset, tmp_path):
         assert row["weights"] == rows[0]["weights"]  # the ranks stay in step
         assert all(np.isfinite(row["losses_a"])) and row["losses_a"] == row["losses_b"]
     info = json.loads((tmp_path / "a" / "run.json").read_text())
-    passes = 2 if "distributed.backward_passes_per_step=2" in options else 1
     assert info["global_batch_graphs"] == 2 * 2 * passes
     steps = [json.loads(line) for line in open(tmp_path / "a" / "timing.jsonl")]
     # 8 graphs / (2 workers x 2 graphs x passes) optimizer steps per epoch, each rank, 2 epochs.

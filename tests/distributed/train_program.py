@@ -8,6 +8,8 @@ Writes, per process, OUT/result-rank{rank}.json with:
   val: validation metrics with the initial weights;
   losses_a / losses_b: per-epoch training losses of two identical fits (determinism);
   weights: a checksum of every variable after training (equal on every rank after broadcast).
+Under Horovod also OUT/exchange-rank{rank}.npz: what the step's gradient exchange got and gave
+on this rank (``record_exchange``), for the tests of fp16 compression, Adasum and accumulation.
 """
 
 import json
@@ -18,6 +20,7 @@ import numpy as np
 
 from hvdtrack.config import load_config
 from hvdtrack.train.loop import fit
+from hvdtrack.train.step import REQUESTS, _exchange_inputs
 from hvdtrack.train.trainer import Trainer
 
 
@@ -45,6 +48,8 @@ def main() -> None:
     loss, grads = trainer.step.gradients(batches)
     val = trainer.evaluate("val")
     rank = trainer.workers.rank
+    if trainer.workers.name == "horovod":
+        np.savez(out / f"exchange-rank{rank}.npz", **record_exchange(trainer))
     if rank == 0:
         np.savez(
             out / "grads-rank0.npz",
@@ -75,6 +80,25 @@ def main() -> None:
         )
     )
     trainer.workers.shutdown()
+
+
+def record_exchange(trainer) -> dict[str, np.ndarray]:
+    """Step 0's parts as ``TrainStep.run`` chains them, with the initial weights:
+    ``pass{p}_{i}``: pass p's local terms alone (loss sum, weight sum, gradients of the loss
+    sum); ``terms_{i}``: the terms the exchange got (every pass accumulated); ``reduced_{i}``:
+    what it gave (global loss, requests, gradients)."""
+    step, passes = trainer.step, trainer.config.distributed.backward_passes_per_step
+    batches = trainer.data.batches(0, 0, trainer.size.steps_per_epoch)
+    flat = [[x for pair in next(batches) for x in pair] for _ in range(passes)]
+    alone = [step._local(*f)[0] for f in flat]  # the accumulators are zero: one pass each
+    for f in flat[:-1]:
+        step._accumulate(*f)
+    terms = step._local(*flat[-1])
+    reduced = step._exchange(*_exchange_inputs(terms, [0.0] * len(REQUESTS)))[0]
+    record = {f"pass{p}_{i}": t.numpy() for p, ts in enumerate(alone) for i, t in enumerate(ts)}
+    record.update({f"terms_{i}": t.numpy() for i, t in enumerate(terms[0])})
+    record.update({f"reduced_{i}": t.numpy() for i, t in enumerate(reduced)})
+    return record
 
 
 def _epochs(run_dir: Path):
