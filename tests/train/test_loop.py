@@ -94,10 +94,11 @@ def test_non_finite_loss_names_the_step_and_keeps_the_last_checkpoint(tiny_confi
 
 
 def test_time_based_checkpoints_land_on_step_boundaries(tiny_config):
-    # A save is due after every step (0.6 ms): steps 1-3 of each 4-step epoch by the clock, the
-    # epoch's last step by the epoch end; checkpoint number = epoch * 4 + step.
+    # A save is due after every step (60 ps: shorter than any step on any machine): steps 1-3
+    # of each 4-step epoch by the clock, the epoch's last step by the epoch end; checkpoint
+    # number = epoch * 4 + step.
     config = tiny_config(
-        "train.epochs=2", "train.checkpoint_every_minutes=0.00001", "train.keep_checkpoints=50"
+        "train.epochs=2", "train.checkpoint_every_minutes=1e-12", "train.keep_checkpoints=50"
     )
     fit(Trainer(config))
     saved = sorted(
