@@ -1,9 +1,13 @@
 """Elastic Horovod under a real elastic ``horovodrun`` (Gloo, a host discovery script): a worker
 removed mid-run, the run goes on with the other; a worker added, it joins at the next commit;
 the run finishes with the metrics of its final model, and every epoch's records say how many
-workers ran it."""
+workers ran it. The elastic job has epochs it never reaches, so that no machine is fast enough
+to end it before the worker is back: once it has rejoined, a stop signal ends the job, and the
+same command given an end resumes the run and finishes it."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,15 +16,16 @@ import numpy as np
 import pytest
 
 from hvdtrack.evaluate.inference import evaluate_split
-from tests.launch import BIN, REPO, tiny_training, worker_env
+from tests.launch import BIN, REPO, tiny_training, unbounded, worker_env
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
-EPOCHS = 80
+EPOCHS = 40  # the run's length once the rerun finishes it (tiny learns: AUC > 0.8)
 
 
-def train_args(dataset, run_dir, epochs=EPOCHS):
-    return tiny_training(dataset, run_dir, f"train.epochs={epochs}", "train.batch_graphs=1")
+def train_args(dataset, run_dir, *overrides):
+    # Unbounded epochs: only the test's stop signal ends the elastic job, however fast.
+    return tiny_training(dataset, run_dir, *unbounded("train.batch_graphs=1", *overrides))
 
 
 def epoch_records(run_dir):
@@ -80,9 +85,38 @@ def elastic_command(discovery: str, interface: str, run_args: list[str]) -> list
     ]  # fmt: skip
 
 
-def lose_and_regain(command, env, run_dir, lose, regain) -> tuple[str, dict]:
-    """Runs the elastic job; ``lose()`` after two epochs on 2 workers, ``regain()`` after two
-    on 1; returns the output and run.json once the job ended."""
+def rejoined(run_dir) -> bool:
+    """An epoch ran on 2 workers after those on 1: the added worker joined."""
+    workers = [r["workers"] for r in sorted(epoch_records(run_dir), key=lambda r: r["epoch"])]
+    return 1 in workers and 2 in workers[workers.index(1) :]
+
+
+def stop_workers(run_dir) -> None:
+    """SIGTERM to the job's training processes: every rank checkpoints after the same step."""
+    argument = f"train.run_dir={run_dir}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if argument in cmdline and b"horovodrun" not in b" ".join(cmdline):
+            os.kill(int(pid), signal.SIGTERM)
+
+
+def run_elastic(command, env, timeout=600) -> str:
+    job = subprocess.run(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    assert job.returncode == 0, job.stdout[-6000:]
+    return job.stdout
+
+
+def lose_and_regain(command, env, run_dir, lose, regain) -> tuple[str, dict, dict]:
+    """Runs the elastic job (unbounded epochs); ``lose()`` after two epochs on 2 workers,
+    ``regain()`` after two on 1, a stop signal once an epoch ran on 2 again; then the same
+    command finishes the run at ``EPOCHS`` (or two epochs later); returns the output, the
+    stopped run's run.json and the finished one's."""
     job = subprocess.Popen(
         command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -92,23 +126,31 @@ def lose_and_regain(command, env, run_dir, lose, regain) -> tuple[str, dict]:
         one = lambda: sum(r["workers"] == 1 for r in epoch_records(run_dir)) >= 2  # noqa: E731
         wait_for(one, job, "epochs on 1 worker")
         regain()
-        output, _ = job.communicate(timeout=600)
+        wait_for(lambda: rejoined(run_dir), job, "an epoch on 2 workers again")
+        stop_workers(run_dir)
+        output, _ = job.communicate(timeout=120)
     finally:
         if job.poll() is None:
             job.kill()
             job.communicate()
-    assert job.returncode == 0, output[-6000:]
+    assert job.returncode != 0, output[-6000:]  # every worker left with 75: the driver stops
+    stopped = json.loads((run_dir / "run.json").read_text())
+    assert stopped["status"] == "stopped" and stopped["stopped_by"] == "signal", stopped
+    changes = [(r["workers_before"], r["workers_after"]) for r in stopped["elastic_resets"]]
+    assert changes == [(2, 1), (1, 2)], stopped["elastic_resets"]
+    assert "elastic restart: 2 -> 1 workers" in output and "1 -> 2 workers" in output
+
+    # The same elastic command, with an end, resumes the run and finishes it on 2 workers.
+    epochs = max(EPOCHS, max(r["epoch"] for r in epoch_records(run_dir)) + 2)
+    run_elastic([*command, f"train.epochs={epochs}"], env)
     info = json.loads((run_dir / "run.json").read_text())
-    assert info["status"] == "finished"
-    changes = [(r["workers_before"], r["workers_after"]) for r in info["elastic_resets"]]
-    assert changes == [(2, 1), (1, 2)], info["elastic_resets"]
+    assert info["status"] == "finished" and info["epochs"] == epochs
     workers = check_records(run_dir, info)
     first_one, last_one = workers.index(1), len(workers) - 1 - workers[::-1].index(1)
     assert set(workers[:first_one]) == {2} and set(workers[first_one : last_one + 1]) == {1}
     assert set(workers[last_one + 1 :]) == {2} and workers[-1] == 2  # the added worker joined
-    assert "elastic restart: 2 -> 1 workers" in output and "1 -> 2 workers" in output
     check_metrics(run_dir, info)
-    return output, info
+    return output, stopped, info
 
 
 @pytest.mark.extended
@@ -123,14 +165,14 @@ def test_a_worker_removed_then_added_by_discovery_the_run_goes_on_and_finishes(
     run_dir = tmp_path / "run"
     # One host: no second host to find a common interface with, hence lo.
     command = elastic_command(str(discover), "lo", train_args(tiny_dataset, run_dir))
-    _, info = lose_and_regain(
+    _, stopped, _ = lose_and_regain(
         command,
         worker_env(),
         run_dir,
         lose=lambda: slots.write_text("localhost:1\n"),
         regain=lambda: slots.write_text("localhost:2\n"),
     )
-    assert all(r["lost_s"] == 0 for r in info["elastic_resets"])  # both at a commit
+    assert all(r["lost_s"] == 0 for r in stopped["elastic_resets"])  # both at a commit
 
 
 @pytest.mark.hosts
@@ -141,7 +183,7 @@ def test_a_host_lost_mid_epoch_then_back_the_run_goes_on_and_finishes(
 ):
     run_dir = tmp_path / "run"
     # A silent host (link down): the survivor's collective fails after the deadline.
-    args = train_args(tiny_dataset, run_dir, epochs=100) + ["distributed.deadline_s=20"]
+    args = train_args(tiny_dataset, run_dir, "distributed.deadline_s=20")
     command = elastic_command(hosts.discovery_command(1), hosts.interface, args)
     # The driver counts a worker as failed when its ssh session ends: with keepalives, a few
     # seconds after its host went silent (without, only when the link comes back).
@@ -153,13 +195,13 @@ def test_a_host_lost_mid_epoch_then_back_the_run_goes_on_and_finishes(
     ssh.chmod(0o755)
     env = hosts.env()
     env["PATH"] = f"{ssh.parent}:{env['PATH']}"
-    output, info = lose_and_regain(
+    output, stopped, _ = lose_and_regain(
         command,
         env,
         run_dir,
         lose=lambda: hosts.down("h2"),
         regain=lambda: hosts.up("h2"),
     )
-    lost, back = info["elastic_resets"]
+    lost, back = stopped["elastic_resets"]
     print(f"lost h2: {lost}; h2 back: {back}")
     assert back["lost_s"] == 0  # joined at a commit

@@ -13,18 +13,23 @@ from hvdtrack.distributed.stop import PREEMPTED_EXIT_CODE
 from tests.launch import (
     assert_same_weights,
     check,
+    checkpoint_step,
     checkpoint_weights,
     horovodrun,
     start_training,
+    stop_at,
     tiny_training,
+    unbounded,
     worker_pid,
 )
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+MORE = 8  # optimizer steps the rerun goes past the signal's checkpoint (two epochs)
 
 
-def train_args(dataset, run_dir):
-    return tiny_training(dataset, run_dir, "train.epochs=40", "train.batch_graphs=1")
+def train_args(dataset, run_dir, *overrides):
+    # Unbounded epochs: only the signal (or stop_after_steps) ends the run, however fast.
+    return tiny_training(dataset, run_dir, *unbounded("train.batch_graphs=1", *overrides))
 
 
 def test_sigterm_checkpoints_every_rank_and_the_rerun_resumes_exactly(tiny_dataset, tmp_path):
@@ -43,12 +48,16 @@ def test_sigterm_checkpoints_every_rank_and_the_rerun_resumes_exactly(tiny_datas
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "stopped" and info["stopped_by"] == "signal"
     assert "stopped by a signal (on another rank)" in output  # rank 0 learnt it at the exchange
+    stopped = checkpoint_step(run_dir)
+    assert f"after global step {stopped}," in output  # the checkpoint holds the signal's step
 
-    check(horovodrun(2, train_args(tiny_dataset, run_dir)))  # the same command resumes
+    # The same command resumes; it and an uninterrupted run stop at the same step.
+    step = stopped + MORE
+    check(horovodrun(2, train_args(tiny_dataset, run_dir, stop_at(run_dir, step))))
     straight = tmp_path / "straight"
-    check(horovodrun(2, train_args(tiny_dataset, straight)))
-    resumed, expected = checkpoint_weights(run_dir), checkpoint_weights(straight)
-    assert_same_weights(resumed, expected)
+    check(horovodrun(2, train_args(tiny_dataset, straight, stop_at(straight, step))))
+    assert checkpoint_step(run_dir) == checkpoint_step(straight) == step
+    assert_same_weights(checkpoint_weights(run_dir), checkpoint_weights(straight))
     records = [json.loads(line) for line in open(run_dir / "timing.jsonl")][1:]
     steps = [(r["epoch"], r["step"], r["rank"]) for r in records if r["kind"] == "step"]
-    assert len(steps) == len(set(steps)) == 40 * 4 * 2  # every step of both ranks, once
+    assert len(steps) == len(set(steps)) == step * 2  # every step of both ranks, once

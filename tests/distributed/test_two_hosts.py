@@ -17,12 +17,17 @@ import time
 
 import pytest
 
-from tests.launch import REPO, check
+from tests.launch import REPO, check, unbounded
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.hosts]
 CONFIG = str(REPO / "configs/tiny.yaml")
 WHERE = str(REPO / "tests/distributed/where_program.py")
 DEADLINE = 20  # distributed.deadline_s for the host that disappears
+# Past the deadline: the watchdog's exit and horovodrun's teardown over ssh. On this loaded
+# 2-core machine the job ended 21 s after h2 went (the deadline included); 120 s in all leaves
+# room for a machine three times slower. A bound on ending a job whose peer is gone, not a
+# timing goal: past it the job is killed and the test fails.
+MARGIN = 100
 
 
 def train_args(out, tiny_dataset, *overrides: str) -> list[str]:
@@ -123,9 +128,8 @@ def test_mpirun_trains_tiny_across_two_hosts(hosts, tiny_dataset, tmp_path):
 
 
 def test_a_host_that_disappears_ends_the_job(hosts, tiny_dataset, tmp_path):
-    args = train_args(
-        tmp_path, tiny_dataset, "train.epochs=500", f"distributed.deadline_s={DEADLINE}"
-    )
+    # Unbounded epochs: only the host going away can end the job, however fast the machine.
+    args = train_args(tmp_path, tiny_dataset, *unbounded(f"distributed.deadline_s={DEADLINE}"))
     job = subprocess.Popen(
         hosts.horovodrun_command(args, "gloo"),
         cwd=REPO,
@@ -136,19 +140,20 @@ def test_a_host_that_disappears_ends_the_job(hosts, tiny_dataset, tmp_path):
     )
     survivor = None
     try:
-        deadline = time.monotonic() + 120
+        # Starting over ssh and a first epoch: ~80 s on this loaded machine; 300 s for a slower.
+        deadline = time.monotonic() + 300
         while not (tmp_path / "run/timing.jsonl").exists():
             assert job.poll() is None, job.communicate()[0]
-            assert time.monotonic() < deadline, "no epoch after 120 s"
+            assert time.monotonic() < deadline, "no epoch after 300 s"
             time.sleep(0.2)
         survivor = where(tmp_path)[0]["pid"]  # rank 0, on h1
         hosts.down("h2")
         gone = time.monotonic()
-        output, _ = job.communicate(timeout=DEADLINE + 120)
+        output, _ = job.communicate(timeout=DEADLINE + MARGIN + 20)
         took = time.monotonic() - gone
         print(f"h2 down -> horovodrun exit {job.returncode} after {took:.1f} s")
         assert job.returncode != 0, output
-        assert took < DEADLINE + 100, (took, output[-3000:])
+        assert took < DEADLINE + MARGIN, (took, output[-3000:])
         # The surviving rank's heartbeat watchdog ended it (the hosts' ssh sends no keepalives,
         # as ssh's default): the job's end is hvdtrack's doing, not the launcher's.
         assert "hvdtrack: error: rank 0: rank 1 " in output, output
@@ -157,7 +162,7 @@ def test_a_host_that_disappears_ends_the_job(hosts, tiny_dataset, tmp_path):
         # Nothing of the job is left running on the surviving host.
         while os.path.exists(f"/proc/{survivor}"):
             left = time.monotonic() - gone
-            assert left < DEADLINE + 100, f"rank 0 still running on h1 {left:.0f} s after h2 went"
+            assert left < DEADLINE + MARGIN, f"rank 0 still on h1 {left:.0f} s after h2 went"
             time.sleep(0.5)
         print(f"rank 0 on h1 gone {time.monotonic() - gone:.1f} s after h2 went")
     finally:

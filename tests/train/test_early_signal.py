@@ -10,8 +10,15 @@ import time
 
 import pytest
 
-from hvdtrack.distributed.stop import PREEMPTED_EXIT_CODE
+from hvdtrack.distributed.stop import PREEMPTED_EXIT_CODE, STOP_SIGNALS
 from tests.launch import tiny_training
+
+
+def caught_signals(pid: int) -> int:
+    """The signals ``pid`` has handlers for (SigCgt of /proc/PID/status, a bit mask)."""
+    with open(f"/proc/{pid}/status") as status:
+        line = next(line for line in status if line.startswith("SigCgt:"))
+    return int(line.split()[1], 16)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
@@ -19,7 +26,17 @@ def test_a_signal_before_the_first_step_stops_after_it(tiny_dataset, tmp_path, s
     run_dir = tmp_path / "run"
     command = [sys.executable, *tiny_training(tiny_dataset, run_dir, strategy="local")]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(1.0)  # importing hvdtrack.train, long before TensorFlow has started
+    # The signal goes as soon as the kernel shows the stop handlers installed (the first thing
+    # `python -m hvdtrack.train` does), not after a sleep: on any machine it lands while the
+    # config, dataset check and TensorFlow import are still ahead of step 1.
+    wanted = sum(1 << (s - 1) for s in STOP_SIGNALS)
+    deadline = time.monotonic() + 120
+    while caught_signals(proc.pid) & wanted != wanted:
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "no stop handlers after 120 s"
+        time.sleep(0.005)
+    with open(f"/proc/{proc.pid}/maps") as maps:  # ~2 s of imports before TensorFlow loads
+        assert "tensorflow" not in maps.read(), "the signal would come after TensorFlow started"
     proc.send_signal(sig)
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == PREEMPTED_EXIT_CODE, output
