@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from typing import Sequence
@@ -123,12 +124,13 @@ def _peer_failure(err: Exception, config):
         or isinstance(err, (tf.errors.DeadlineExceededError, tf.errors.UnavailableError))
     ):
         return None
-    # The task a heartbeat timeout is about is named just before it; the text may name this
-    # worker's own task first.
-    task = re.search(
-        r"/job:(\w+)/(?:replica:\d+/)?task:(\d+) heartbeat timeout", text
-    ) or re.search(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)", text)
-    peer = f"{task.group(1)} {task.group(2)}" if task else "another worker"
+    # The task a heartbeat timeout is about is named just before it; otherwise the first task
+    # named that is not this worker's own (the text often names its own task first).
+    beat = re.search(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+) heartbeat timeout", text)
+    tasks = re.findall(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)", text)
+    own = _own_task()
+    task = beat.groups() if beat else next((t for t in tasks if t != own), None)
+    peer = f"{task[0]} {task[1]}" if task else "another worker"
     if "heartbeat timeout" in text:
         what = (
             f"{peer} sent no heartbeat for distributed.deadline_s "
@@ -143,6 +145,15 @@ def _peer_failure(err: Exception, config):
         f"rank {launcher_rank()}: {what}. See the other workers' output; rerun the same "
         "command to resume from the last checkpoint"
     )
+
+
+def _own_task() -> tuple[str, str] | None:
+    """This worker's (job, task index) from TF_CONFIG, as tf.distribute names it in errors."""
+    try:
+        task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {}
+        return (str(task["type"]), str(int(task["index"])))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 if __name__ == "__main__":
