@@ -1,10 +1,10 @@
 """``python -m hvdtrack.evaluate --run RUN [--split test]``: edge metrics, tracks and the TrackML score.
 
 Scores every graph of the split with the run's best checkpoint, reports edge AUC, efficiency and
-purity at the threshold, builds tracks per event (walkthrough and connected components), scores
+purity at the threshold, builds tracks per event (chains of crossings joined across gaps, and connected components), scores
 them against the events' truth (TrackML score, track efficiency, fake and duplicate rates,
 efficiency vs pT and eta), and writes into ``RUN/evaluate-SPLIT/``: ``metrics.json``, PNG plots
-(ROC, score distributions, efficiency vs pT and eta) and the walkthrough's TrackML submission of
+(ROC, score distributions, efficiency vs pT and eta) and the chain builder's TrackML submission of
 each event (``submissions/event000001000-submission.csv``: event_id, hit_id, track_id); the
 scalars and plots also go to ``RUN/tensorboard`` under ``evaluate/SPLIT/``.
 

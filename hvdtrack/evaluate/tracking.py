@@ -17,13 +17,16 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from hvdtrack.graphs.construction import node_positions
 from hvdtrack.tracks import building, matching
+from hvdtrack.tracks.graph import EventGraph, join_sections
 from hvdtrack.tracks.truth import EventTruth, check_graph_truth, load_truth
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from hvdtrack.config import DataConfig
+    from hvdtrack.graphs.construction import GraphConfig
 
 PT_BINS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 100.0)  # GeV
 ETA_BINS = tuple(np.round(np.linspace(-4.0, 4.0, 17), 2).tolist())
@@ -53,18 +56,20 @@ class MethodTally:
         }
 
 
-def join_event(event_id: int, sections: Sequence[tuple]) -> building.EventGraph:
-    """One event's graph from its sections' (graph, edge scores)."""
-    return building.join_sections(
+def join_event(event_id: int, sections: Sequence[tuple], graph: GraphConfig) -> EventGraph:
+    """One event's graph from its sections' (graph, edge scores); ``graph``: the dataset's
+    graph config, whose feature scales give the hits' positions."""
+    return join_sections(
         event_id,
         *([getattr(g, f) for g, _ in sections] for f in ("hit_id", "senders", "receivers")),
         [s for _, s in sections],
         [g.labels for g, _ in sections],
+        [node_positions(g.nodes, graph) for g, _ in sections],
     )
 
 
 def score_event(
-    graph: building.EventGraph,
+    graph: EventGraph,
     truth: EventTruth,
     method: str,
     threshold: float,
@@ -107,7 +112,7 @@ def evaluate_tracks(
     ``submissions``; returns {method: its metrics}."""
     tallies = {m: MethodTally() for m in building.METHODS}
     for event_id in sorted(by_event):
-        graph = join_event(event_id, by_event[event_id])
+        graph = join_event(event_id, by_event[event_id], data.graph)
         truth = load_truth(data, event_id)
         check_graph_truth(graph, truth)
         for method, tally in tallies.items():

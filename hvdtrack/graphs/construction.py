@@ -7,9 +7,9 @@ consecutive crossings along it (``truth``: two hits of one particle on one layer
 crossing, never joined to each other). Everything is vectorised numpy; the only Python loops run
 over layer pairs and sections.
 
-Public symbols: ``GraphConfig``, ``HitGraph``, ``SelectedHits``, ``build_hit_graphs``,
-``build_hit_graphs_counting_lost``, ``select_hits``, ``edge_features``, ``hit_sections``,
-``split_into_sections``.
+Public symbols: ``FEATURE_SCALES``, ``GraphConfig``, ``HitGraph``, ``SelectedHits``,
+``build_hit_graphs``, ``build_hit_graphs_counting_lost``, ``select_hits``, ``edge_features``,
+``hit_sections``, ``split_into_sections``, ``node_positions``.
 """
 
 from __future__ import annotations
@@ -37,6 +37,11 @@ from hvdtrack.graphs.truth import (
 )
 
 _TWO_PI = 2.0 * np.pi
+# The GraphConfig keys that define the node and edge features: a model trained on graphs built
+# with other values would read other numbers (``GraphConfig.feature_scales``).
+FEATURE_SCALES = (
+    "r_scale", "phi_scale", "z_scale", "dr_scale", "dphi_scale", "dz_scale", "deta_scale",
+)  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,13 +84,17 @@ class GraphConfig:
         check(self.n_phi_sections >= 1, "n_phi_sections", "must be >= 1")
         check(self.n_eta_sections >= 1, "n_eta_sections", "must be >= 1")
         check(self.eta_max > 0, "eta_max", "must be > 0")
-        for key in ("r_scale", "phi_scale", "z_scale", "dr_scale", "dphi_scale", "dz_scale"):
+        for key in FEATURE_SCALES:
             check(getattr(self, key) > 0, key, "must be > 0")
-        check(self.deta_scale > 0, "deta_scale", "must be > 0")
 
     @property
     def num_sections(self) -> int:
         return self.n_phi_sections * self.n_eta_sections
+
+    @property
+    def feature_scales(self) -> dict[str, float]:
+        """The settings that define the features (``FEATURE_SCALES``), by key."""
+        return {key: getattr(self, key) for key in FEATURE_SCALES}
 
 
 @dataclasses.dataclass
@@ -387,3 +396,10 @@ def _align_truth(event_id: int, hit_id: np.ndarray, truth_hit_id: np.ndarray) ->
             f"({int(missing.sum())} hits without truth)"
         )
     return row
+
+
+def node_positions(nodes: np.ndarray, cfg: GraphConfig) -> np.ndarray:
+    """float64 [N, 3] x, y, z (mm) of nodes with features [r, phi, z] / their scales."""
+    r, phi, z = (np.asarray(nodes[:, i], np.float64) * scale for i, scale in enumerate(
+        (cfg.r_scale, cfg.phi_scale, cfg.z_scale)))
+    return np.stack([r * np.cos(phi), r * np.sin(phi), z], axis=1)

@@ -1,17 +1,11 @@
-"""Track building on tiny hand-made graphs: components, a branch resolved by the walkthrough."""
+"""Track building on tiny hand-made graphs: components, joined sections, submissions (the chain
+builder: test_chains.py)."""
 
 import numpy as np
 import pytest
 
-from hvdtrack.tracks.building import (
-    EventGraph,
-    build_tracks,
-    component_tracks,
-    connected_components,
-    join_sections,
-    submission,
-    walk_tracks,
-)
+from hvdtrack.tracks.building import build_tracks, component_tracks, submission
+from hvdtrack.tracks.graph import EventGraph, connected_components, join_sections
 
 
 def test_connected_components():
@@ -37,43 +31,6 @@ def test_component_tracks_cut_low_scores_and_short_tracks():
     ]  # fmt: skip
 
 
-# A branch: track A = 0 -> 1 -> 2 -> 3, and a fake edge 1 -> 5 from it into track B = 4 -> 5 -> 6.
-BRANCH = dict(
-    senders=np.array([0, 1, 2, 1, 4, 5]),
-    receivers=np.array([1, 2, 3, 5, 5, 6]),
-    scores=np.array([0.9, 0.9, 0.9, 0.6, 0.95, 0.9]),
-)
-
-
-def test_components_merge_a_branch_the_walkthrough_resolves():
-    merged = component_tracks(7, **BRANCH, threshold=0.5)
-    assert merged.tolist() == [1] * 7
-    walked = walk_tracks(7, **BRANCH, threshold=0.5)
-    assert walked.tolist() == [1, 1, 1, 1, 2, 2, 2]
-
-
-def test_walkthrough_follows_the_best_edge_and_the_loser_retries():
-    # Seeds 0 and 3 both reach for hit 1 at the first step; 0 -> 1 scores higher, so 3 takes
-    # its next-best edge 3 -> 4. Then 1 -> 2 and 4 -> 5.
-    senders = np.array([0, 3, 3, 1, 4])
-    receivers = np.array([1, 1, 4, 2, 5])
-    scores = np.array([0.9, 0.8, 0.7, 0.9, 0.9])
-    assert walk_tracks(6, senders, receivers, scores, 0.5).tolist() == [1, 1, 1, 2, 2, 2]
-
-
-def test_walkthrough_picks_the_higher_scored_of_two_outgoing_edges():
-    senders = np.array([0, 1, 1, 2])
-    receivers = np.array([1, 2, 3, 4])
-    scores = np.array([0.9, 0.7, 0.8, 0.9])
-    # 1 -> 3 (0.8) beats 1 -> 2; then 2 -> 4 is a track of 2 hits.
-    assert walk_tracks(5, senders, receivers, scores, 0.5, min_hits=2).tolist() == [
-        1, 1, 2, 1, 2,
-    ]  # fmt: skip
-    assert walk_tracks(5, senders, receivers, scores, 0.5, min_hits=3).tolist() == [
-        1, 1, 0, 1, 0,
-    ]  # fmt: skip
-
-
 def test_join_sections_shares_boundary_hits_and_keeps_an_edge_once():
     # Section 0 holds hits 10, 11, 12; section 1 holds 12, 13 and again the edge 11 -> 12.
     graph = join_sections(
@@ -83,15 +40,21 @@ def test_join_sections_shares_boundary_hits_and_keeps_an_edge_once():
         receivers=[np.array([1, 2]), np.array([1, 0])],
         scores=[np.array([0.9, 0.6]), np.array([0.8, 0.7])],
         labels=[np.array([1.0, 1.0]), np.array([1.0, 1.0])],
+        xyz=[
+            np.array([[30.0, 0, 0], [70, 0, 0], [110, 0, 0]]),
+            np.array([[110.0, 0, 0], [170, 0, 0], [70, 0, 0]]),
+        ],
     )
     assert graph.hit_id.tolist() == [10, 11, 12, 13]
+    assert graph.xyz[:, 0].tolist() == [30, 70, 110, 170]
     assert list(zip(graph.senders.tolist(), graph.receivers.tolist())) == [(0, 1), (1, 2), (2, 3)]
     assert graph.scores.tolist() == pytest.approx([0.9, 0.7, 0.8])
-    assert build_tracks(graph, 0.5, "walk", min_hits=3).tolist() == [1, 1, 1, 1]
+    for method in ("chains", "components"):
+        assert build_tracks(graph, 0.5, method, min_hits=3).tolist() == [1, 1, 1, 1]
 
 
 def test_build_tracks_refuses_an_unknown_method():
-    graph = EventGraph(1, np.zeros(0, np.int64), *(np.zeros(0),) * 4)
+    graph = EventGraph(1, np.zeros(0, np.int64), *(np.zeros(0),) * 4, np.zeros((0, 3)))
     with pytest.raises(ValueError, match="unknown track building method 'dbscan'"):
         build_tracks(graph, method="dbscan")
 

@@ -1,0 +1,168 @@
+"""Track building by chains of layer crossings: double hits, junctions and gaps handled on purpose.
+
+Three steps, each for one way the simpler builders lose tracks in full-density events:
+
+1. Crossings (``double_hit_crossings``). A particle crossing two overlapping modules leaves two
+   hits on one layer (about a quarter of crossings in real events): both are joined by good edges
+   to the same hit before or after them. Such hits, within ``DOUBLE_HIT_DISTANCE``, are one
+   crossing, and stay together in one track.
+2. Chains (``mutual_best``). On the graph of crossings, an edge is kept when it is both the best
+   scored edge out of its inner crossing and the best into its outer one. Every crossing keeps at
+   most one edge each way, so a junction (a fake edge into another particle's hits) is resolved
+   by the scores on both of its sides, and the chains are paths.
+3. Joins across gaps (``join_continuations``). A particle misses a layer (inefficiency), or leaves
+   the barrel graph through an end-cap and comes back in the outer barrel: no edge can span the
+   gap, so its hits form two chains. Chains that one helix fits (``helix.residuals`` within
+   ``MAX_TRANSVERSE`` and ``MAX_LONGITUDINAL``), the outer starting beyond the inner's end, are
+   joined, best fits first, each chain continued at most once each way.
+
+Public symbols: ``DOUBLE_HIT_DISTANCE``, ``MAX_TRANSVERSE``, ``MAX_LONGITUDINAL``,
+``double_hit_crossings``, ``mutual_best``, ``join_continuations``, ``chain_tracks``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hvdtrack.tracks import helix
+from hvdtrack.tracks.graph import connected_components, drop_short
+
+# Module overlaps put a particle's two hits on one layer within about 20 mm (synthetic and
+# TrackML barrels: 2-15 mm); two particles' hits that close and scored to one hit are rare.
+DOUBLE_HIT_DISTANCE = 20.0  # mm
+# A join must fit one helix this well (RMS, mm): hit resolution and multiple scattering over a
+# gap of one or two layers stay well below; other particles' chains rarely do.
+MAX_TRANSVERSE = 2.0
+MAX_LONGITUDINAL = 10.0
+# The outer chain starts at least this much farther from the origin than the inner one ends.
+MIN_GAP = 10.0  # mm
+# Only chains this close in azimuth (where one ends and the other starts) are fitted together.
+MAX_GAP_DPHI = 0.3  # rad
+
+
+def double_hit_crossings(
+    num_nodes: int, senders: np.ndarray, receivers: np.ndarray, scores: np.ndarray,
+    xyz: np.ndarray, max_distance: float = DOUBLE_HIT_DISTANCE,
+) -> np.ndarray:  # fmt: skip
+    """Groups hits into crossings: two hits that are among the three best-scored neighbours of one
+    hit on the same side, and within ``max_distance``, are one crossing (transitively).
+
+    Args:
+      num_nodes: N; senders, receivers, scores: the kept edges (inner -> outer); xyz: [N, 3] mm.
+
+    Returns:
+      int64 [N], crossing of each node, 0 .. C-1.
+    """
+    first, second = [], []
+    for hub, other in ((senders, receivers), (receivers, senders)):
+        order = np.lexsort((-scores, hub))
+        hub, other = hub[order], other[order]
+        for k in (1, 2):
+            same = hub[k:] == hub[:-k]
+            first.append(other[:-k][same])
+            second.append(other[k:][same])
+    a, b = np.concatenate(first), np.concatenate(second)
+    close = np.linalg.norm(xyz[a] - xyz[b], axis=1) < max_distance
+    return connected_components(num_nodes, a[close], b[close])
+
+
+def mutual_best(senders: np.ndarray, receivers: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """Indices of the edges that are the best-scored edge out of their sender and into their
+    receiver (ties to the lower other end)."""
+    order = np.lexsort((receivers, -scores, senders))
+    best_out = order[np.unique(senders[order], return_index=True)[1]]
+    order = np.lexsort((senders, -scores, receivers))
+    best_in = order[np.unique(receivers[order], return_index=True)[1]]
+    return np.intersect1d(best_out, best_in)
+
+
+def join_continuations(
+    chain: np.ndarray, xyz: np.ndarray, max_transverse: float = MAX_TRANSVERSE,
+    max_longitudinal: float = MAX_LONGITUDINAL,
+) -> np.ndarray:  # fmt: skip
+    """Joins chains that continue each other across a gap (see the module docstring).
+
+    Args:
+      chain: int [H], chain of each hit, 0 .. C-1.
+      xyz: float [H, 3], hit positions (mm).
+
+    Returns:
+      int64 [H], the joined chain of each hit, 0 .. J-1.
+    """
+    count = int(chain.max()) + 1 if chain.size else 0
+    inner, outer = _candidate_pairs(chain, xyz, count)
+    moments = helix.hit_moments(chain, xyz, count)
+    transverse, longitudinal = helix.residuals(moments[inner] + moments[outer])
+    fits = (transverse < max_transverse) & (longitudinal < max_longitudinal)
+    cost = (transverse / max_transverse) ** 2 + (longitudinal / max_longitudinal) ** 2
+    inner, outer, cost = inner[fits], outer[fits], cost[fits]
+    links_in, links_out = [], []
+    # Greedy by cost, as rounds of locally best pairs (the same matching, vectorised).
+    while inner.size:
+        order = np.lexsort((outer, inner, cost))
+        best_of_inner = order[np.unique(inner[order], return_index=True)[1]]
+        best_of_outer = order[np.unique(outer[order], return_index=True)[1]]
+        chosen = np.intersect1d(best_of_inner, best_of_outer)
+        links_in.append(inner[chosen])
+        links_out.append(outer[chosen])
+        free = ~np.isin(inner, inner[chosen]) & ~np.isin(outer, outer[chosen])
+        inner, outer, cost = inner[free], outer[free], cost[free]
+    pairs = [np.concatenate(x or [np.zeros(0, np.int64)]) for x in (links_in, links_out)]
+    return connected_components(count, *pairs)[chain]
+
+
+def _candidate_pairs(chain: np.ndarray, xyz: np.ndarray, count: int) -> tuple:
+    """(inner, outer) chain pairs where the outer starts beyond the inner's end, close in phi."""
+    distance = np.linalg.norm(xyz, axis=1)
+    start = np.full(count, np.inf)
+    end = np.full(count, -np.inf)
+    np.minimum.at(start, chain, distance)
+    np.maximum.at(end, chain, distance)
+    phi = np.arctan2(xyz[:, 1], xyz[:, 0])
+    first_phi, last_phi = np.zeros(count), np.zeros(count)
+    by_distance = np.argsort(distance, kind="stable")
+    last_phi[chain[by_distance]] = phi[by_distance]  # the last write is the outermost hit
+    first_phi[chain[by_distance[::-1]]] = phi[by_distance[::-1]]
+    # Sorted by azimuth, each chain's end is compared with the starts within MAX_GAP_DPHI.
+    order = np.argsort(first_phi, kind="stable")
+    wrapped = np.concatenate(
+        [first_phi[order] - 2 * np.pi, first_phi[order], first_phi[order] + 2 * np.pi]
+    )
+    owners = np.concatenate([order, order, order])
+    low = np.searchsorted(wrapped, last_phi - MAX_GAP_DPHI)
+    high = np.searchsorted(wrapped, last_phi + MAX_GAP_DPHI)
+    inner = np.repeat(np.arange(count), high - low)
+    within = np.arange(inner.size) - np.repeat(np.cumsum(high - low) - (high - low), high - low)
+    outer = owners[np.repeat(low, high - low) + within]
+    beyond = start[outer] > end[inner] + MIN_GAP
+    return inner[beyond], outer[beyond]
+
+
+def chain_tracks(
+    num_nodes: int, senders: np.ndarray, receivers: np.ndarray, scores: np.ndarray,
+    xyz: np.ndarray, threshold: float = 0.5, min_hits: int = 3,
+) -> np.ndarray:  # fmt: skip
+    """Tracks as chains of crossings joined across gaps (see the module docstring).
+
+    Args:
+      num_nodes: N; senders, receivers: int [E], inner and outer node of each edge;
+      scores: float [E]; xyz: float [N, 3], node positions (mm).
+      threshold: edges scoring above it are used.
+      min_hits: tracks with fewer hits are dropped (their hits get track 0).
+
+    Returns:
+      int64 [N] track id of each node, 1 .. T, 0 for unassigned nodes.
+    """
+    keep = np.asarray(scores) > threshold
+    send = np.asarray(senders, np.int64)[keep]
+    recv = np.asarray(receivers, np.int64)[keep]
+    score = np.asarray(scores, np.float64)[keep]
+    xyz = np.asarray(xyz, np.float64)
+    crossing = double_hit_crossings(num_nodes, send, recv, score, xyz)
+    send, recv = crossing[send], crossing[recv]
+    between = send != recv
+    send, recv, score = send[between], recv[between], score[between]
+    link = mutual_best(send, recv, score)
+    count = int(crossing.max()) + 1 if num_nodes else 0
+    chain = connected_components(count, send[link], recv[link])[crossing]
+    return drop_short(join_continuations(chain, xyz) + 1, min_hits)
