@@ -400,6 +400,8 @@ def _align_truth(event_id: int, hit_id: np.ndarray, truth_hit_id: np.ndarray) ->
 
 def node_positions(nodes: np.ndarray, cfg: GraphConfig) -> np.ndarray:
     """float64 [N, 3] x, y, z (mm) of nodes with features [r, phi, z] / their scales."""
-    r, phi, z = (np.asarray(nodes[:, i], np.float64) * scale for i, scale in enumerate(
-        (cfg.r_scale, cfg.phi_scale, cfg.z_scale)))
+    r, phi, z = (
+        np.asarray(nodes[:, i], np.float64) * scale
+        for i, scale in enumerate((cfg.r_scale, cfg.phi_scale, cfg.z_scale))
+    )
     return np.stack([r * np.cos(phi), r * np.sin(phi), z], axis=1)
