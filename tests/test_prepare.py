@@ -1,5 +1,5 @@
-"""prepare replaces only what it wrote (other files are refused, named, and left in place) and
-never hangs or half-writes when a worker dies."""
+"""prepare replaces only what it wrote (other files are refused, named, and left in place),
+never hangs or half-writes when a worker dies, and keeps its events as a whole TrackML dataset."""
 
 import contextlib
 import os
@@ -63,6 +63,19 @@ def test_an_empty_directory_is_filled(tmp_path):
     target.mkdir()
     prepare_dataset(tiny(target), progress=False)
     assert (target / "manifest.json").is_file()
+
+
+def test_the_kept_events_are_a_trackml_dataset_with_its_detectors_file(tiny_dataset):
+    import numpy as np
+
+    from hvdtrack.events import modules, trackml
+
+    events = tiny_dataset / "events"  # data.keep_csv: true
+    assert len(trackml.find_events(events)) == 6  # tiny.yaml's events, beside their geometry
+    detectors = trackml.read_detectors(events / "detectors.csv")
+    for column, values in modules.module_table().items():  # the synthetic detector's modules
+        # (pandas reads decimal floats back to within an ulp or so)
+        np.testing.assert_allclose(detectors[column], values, rtol=1e-12, err_msg=column)
 
 
 def children(pid):

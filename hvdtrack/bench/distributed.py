@@ -17,7 +17,6 @@ themselves (``timing.jsonl``). With every epoch accounted for, the two agree.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Optional, Sequence
 from hvdtrack.runs.timing import Run, read_run
 from hvdtrack.scaling import maths
 from hvdtrack.scaling.sweep import plan_sweep, run_sweep
+from hvdtrack.utils.io import write_json
 
 # (strategy, its 1-worker run, its 2-worker run)
 STRATEGIES = (("horovod", "np1", "np2"), ("mirrored", "mirrored1", "mirrored2"))
@@ -187,7 +187,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lines = [*table_lines(args, figures), *efficiency_lines(figures)]
     print("\n".join(lines))
     if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2))
+        write_json(args.json, figures)
     return 0
 
 

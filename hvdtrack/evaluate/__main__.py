@@ -42,9 +42,7 @@ def summary_lines(result: dict) -> list[str]:
             f"({t['reconstructed']}/{t['reconstructable']}), fake rate {t['fake_rate']:.4f}, "
             f"duplicate rate {t['duplicate_rate']:.4f} ({t['tracks']} tracks)"
         )
-    lines.append(
-        f"  written: {result['run_dir']}/evaluate-{result['split']}/ ({result['seconds']} s)"
-    )
+    lines.append(f"  written: {result['out']}/ ({result['seconds']} s)")
     return lines
 
 
@@ -53,7 +51,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--run", required=True, help="a training run directory (train.run_dir)")
     parser.add_argument("--split", default="test")
     parser.add_argument("--checkpoint", default="best", help="best, latest, or a checkpoint path")
-    parser.add_argument("--dataset-dir", default=None, help="default: the run's data.dataset_dir")
+    parser.add_argument(
+        "--dataset-dir",
+        default=None,
+        help="default: the run's data.dataset_dir; another dataset's truth and pT cut come from "
+        "its prepare.json, and its evaluation goes to RUN/evaluate-DATASET-SPLIT",
+    )
     parser.add_argument(
         "--threshold", type=float, default=None, help="default: train.thresholds[0]"
     )

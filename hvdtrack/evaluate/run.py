@@ -4,7 +4,12 @@ Scores every graph of the split with the run's checkpoint (``score_events``), bu
 tracks per event (``tracking``), and writes ``RUN/evaluate-SPLIT/``: the submissions, plots and
 TensorBoard records (``outputs``), then ``metrics.json``.
 
-Public symbols: ``ScoredSplit``, ``open_run``, ``score_events``, ``evaluate_run``.
+The dataset may be another than the run's (``--dataset-dir``): synthetic or TrackML events, any
+pT cut, as long as its graphs' features are the run's (``dataset_data``); its truth and pT cut
+come from its own ``prepare.json``.
+
+Public symbols: ``ScoredSplit``, ``open_run``, ``dataset_data``, ``score_events``,
+``evaluate_run``.
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ from typing import Optional
 import numpy as np
 
 from hvdtrack.config import Config, DataConfig
-from hvdtrack.errors import ConfigError
+from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.evaluate import outputs, tracking
 from hvdtrack.evaluate.inference import load_classifier, score_split
 from hvdtrack.model import metrics as edge_lib
 from hvdtrack.model.classifier import SegmentClassifier
+from hvdtrack.prepare.jobs import PREPARE_INFO, prepared_data
 from hvdtrack.records.manifest import Manifest, open_dataset
 from hvdtrack.tracks import building
 from hvdtrack.utils.io import write_json
@@ -46,16 +52,48 @@ class ScoredSplit:
 def open_run(
     run_dir: Path, checkpoint: str, dataset_dir: Optional[str], split: str
 ) -> tuple[SegmentClassifier, Config, DataConfig, Manifest]:
-    """The run's model and config, its data section (``dataset_dir`` when given) and the
-    dataset's manifest, which must hold ``split``."""
+    """The run's model and config, the evaluated dataset's data config (``dataset_data``) and
+    its manifest, which must hold ``split``."""
     if not run_dir.is_dir():
         raise ConfigError(
             f"{run_dir}: no such run directory - give --run the run_dir of a trained run"
         )
     model, config = load_classifier(run_dir, checkpoint)
-    data = dataclasses.replace(config.data, dataset_dir=dataset_dir or config.data.dataset_dir)
+    data = dataset_data(run_dir, config.data, dataset_dir)
     manifest = open_dataset(data.dataset_dir, splits=[split], required=[split])
     return model, config, data, manifest
+
+
+def dataset_data(run_dir: Path, trained: DataConfig, dataset_dir: Optional[str]) -> DataConfig:
+    """The data config of the dataset to evaluate (``dataset_dir``, default the run's own): the
+    one its ``prepare.json`` records, so its truth (synthetic seed or TrackML directory) and pT
+    cut are its own, not the run's. A dataset without one (``records.write_dataset``) is taken
+    only as the run's own dataset, which the run's config describes.
+
+    Raises:
+      DataError: a dataset of another's without ``prepare.json``, or graphs whose features the
+        run's model was not trained on (``GraphConfig.feature_scales`` differ), naming both.
+    """
+    directory = dataset_dir or trained.dataset_dir
+    data = prepared_data(directory)
+    if data is None:
+        if Path(directory).resolve() != Path(trained.dataset_dir).resolve():
+            raise DataError(
+                f"{directory} has no {PREPARE_INFO}: evaluating run {run_dir} on another dataset "
+                f"needs the record of how that dataset was prepared (where its events' truth is) "
+                "- give --dataset-dir a dataset made by hvdtrack prepare"
+            )
+        return dataclasses.replace(trained, dataset_dir=str(directory))
+    theirs, ours = data.graph.feature_scales, trained.graph.feature_scales
+    differ = [f"{k} {theirs[k]:g} (run: {ours[k]:g})" for k in ours if theirs[k] != ours[k]]
+    if differ:
+        raise DataError(
+            f"the model of run {run_dir} cannot take the graphs of dataset {directory}: their "
+            f"features are scaled otherwise, data.graph {', '.join(differ)} in "
+            f"{Path(directory) / PREPARE_INFO} against {run_dir / 'config.yaml'} - prepare the "
+            "dataset again with the run's data.graph feature scales"
+        )
+    return data
 
 
 def score_events(
@@ -91,7 +129,8 @@ def evaluate_run(
       run_dir: a training run directory.
       split: the dataset split to evaluate.
       checkpoint: "best", "latest" or a checkpoint path.
-      dataset_dir: the dataset (default: the run's ``data.dataset_dir``).
+      dataset_dir: the dataset (default: the run's ``data.dataset_dir``); its truth and pT cut
+        are its own (``dataset_data``).
       threshold: edge score threshold (default: the run's first ``train.thresholds``).
       pt_min: reconstructable particles have pT > pt_min (default: the graphs' pT cut) ...
       min_hits: ... and at least this many hits in the graphs.
@@ -102,7 +141,7 @@ def evaluate_run(
 
     Raises:
       ConfigError: no run directory, config or checkpoint; DataError: no such split, damaged
-      records, or truth that does not fit the graphs.
+      records, a dataset the model cannot take, or truth that does not fit the graphs.
     """
     started = time.perf_counter()
     run_dir = Path(run_dir)
@@ -111,13 +150,17 @@ def evaluate_run(
     pt_min = data.graph.pt_min if pt_min is None else pt_min
     scored = score_events(model, config, data, manifest, split)
 
-    out = run_dir / f"evaluate-{split}"
+    # Another dataset's evaluation goes beside the run's own, never over it.
+    own = Path(data.dataset_dir).resolve() == Path(config.data.dataset_dir).resolve()
+    name = split if own else f"{Path(data.dataset_dir).resolve().name}-{split}"
+    out = run_dir / f"evaluate-{name}"
     (out / "submissions").mkdir(parents=True, exist_ok=True)
     limits = (threshold, pt_min, min_hits, min_track_hits)
     tracks = tracking.evaluate_tracks(scored.by_event, data, *limits, out / "submissions")
     result = {
         "run_dir": str(run_dir),
         "split": split,
+        "out": str(out),
         "checkpoint": checkpoint,
         "step": outputs.checkpoint_step(run_dir, checkpoint),
         "dataset_dir": str(data.dataset_dir),
@@ -130,12 +173,12 @@ def evaluate_run(
         "edges": scored.edges,
         "tracks": tracks,
     }
-    title = f"{run_dir.name}, {split} split"
+    title = f"{run_dir.name}, {split} split" + ("" if own else f" of {Path(data.dataset_dir).name}")
     figures = outputs.make_figures(
         scored.scores, scored.labels, scored.edges, tracks, threshold, title
     )
     outputs.write_figures(out, figures)
-    outputs.write_tensorboard(run_dir, split, result["step"], scored.edges, tracks, figures)
+    outputs.write_tensorboard(run_dir, name, result["step"], scored.edges, tracks, figures)
     result["seconds"] = round(time.perf_counter() - started, 2)
     write_json(out / "metrics.json", result)
     return result

@@ -165,14 +165,16 @@ def build_hit_graphs(event: Event, cfg: GraphConfig) -> list[HitGraph]:
     is lost or duplicated at a section boundary.
 
     Args:
-      event: the event; its truth is needed (labels and the pT cut).
+      event: the event; its truth is needed for the labels and a pT cut (without truth, only
+        with ``cfg.pt_min`` 0: every edge labelled 0).
       cfg: construction settings.
 
     Returns:
       ``cfg.num_sections`` graphs, ordered by section number (some may be empty).
 
     Raises:
-      DataError: if the event has no truth or its truth does not cover its hits.
+      DataError: if the event has no truth and pt_min > 0, or its truth does not cover its
+        hits.
     """
     return build_hit_graphs_counting_lost(event, cfg)[0]
 
@@ -234,7 +236,9 @@ def select_hits(event: Event, cfg: GraphConfig) -> SelectedHits:
     """Hits that pass the barrel and pT selections, with cylindrical coordinates and truth.
 
     A hit's pT is its particle's pT from the particles table (the truth momentum at the hit when
-    the particle is not listed); noise hits have pT 0, so any pt_min > 0 drops them.
+    the particle is not listed); noise hits have pT 0, so any pt_min > 0 drops them. An event
+    without truth (real data) can only be taken whole: with pt_min 0 its hits are all kept, as
+    noise (particle_id 0, so every edge is labelled fake).
 
     Raises:
       DataError: if the truth is missing or does not match the hits, or a hit is on an unknown
@@ -249,6 +253,9 @@ def select_hits(event: Event, cfg: GraphConfig) -> SelectedHits:
             f"event {event.event_id}: hit_id {hit_id[row]} has (volume_id, layer_id) = "
             f"({hits['volume_id'].iat[row]}, {hits['layer_id'].iat[row]}), not a TrackML layer"
         )
+    if len(truth) == 0 and cfg.pt_min == 0:
+        keep = _in_region(layer, cfg)
+        return _selected(hits, hit_id, layer, keep, np.zeros(keep.sum(), np.int64), 0.0)
     truth_row = _align_truth(event.event_id, hit_id, truth["hit_id"].to_numpy(np.int64))
     particle_id = truth["particle_id"].to_numpy(np.int64)[truth_row]
 
@@ -268,28 +275,14 @@ def select_hits(event: Event, cfg: GraphConfig) -> SelectedHits:
             vertex[:, k] = np.where(listed, particles[name].to_numpy(np.float64)[row], 0.0)
     pt = np.where(particle_id == 0, 0.0, pt)
 
-    keep = np.ones(len(hit_id), dtype=bool)
-    if cfg.barrel_only:
-        keep &= detector.LAYER_IS_BARREL[layer]
+    keep = _in_region(layer, cfg)
     if cfg.pt_min > 0:
         keep &= pt > cfg.pt_min
-    x = hits["x"].to_numpy(np.float64)[keep]
-    y = hits["y"].to_numpy(np.float64)[keep]
-    z = hits["z"].to_numpy(np.float64)[keep]
-    r = np.hypot(x, y)
     true_xyz = np.stack(
         [truth[c].to_numpy(np.float64)[truth_row[keep]] for c in ("tx", "ty", "tz")], 1
     )
-    return SelectedHits(
-        hit_id=hit_id[keep],
-        layer=layer[keep],
-        r=r,
-        phi=np.arctan2(y, x),
-        z=z,
-        eta=np.arcsinh(z / r),
-        particle_id=particle_id[keep],
-        distance=np.linalg.norm(true_xyz - vertex[keep], axis=1),
-    )
+    distance = np.linalg.norm(true_xyz - vertex[keep], axis=1)
+    return _selected(hits, hit_id, layer, keep, particle_id[keep], distance)
 
 
 def edge_features(
@@ -375,14 +368,34 @@ def split_into_sections(
 
 
 # ------------------------------------------------------------------------------------ internals
+def _in_region(layer: np.ndarray, cfg: GraphConfig) -> np.ndarray:
+    """bool [N]: the hits of the graphs' region (the barrel layers when ``cfg.barrel_only``)."""
+    return detector.LAYER_IS_BARREL[layer] if cfg.barrel_only else np.ones(len(layer), bool)
+
+
+def _selected(hits, hit_id, layer, keep, particle_id, distance) -> SelectedHits:
+    """The kept hits (``keep``) with their cylindrical coordinates; ``particle_id`` and
+    ``distance`` are already the kept ones' (``distance`` may be a scalar)."""
+    x, y, z = (hits[c].to_numpy(np.float64)[keep] for c in ("x", "y", "z"))
+    r = np.hypot(x, y)
+    return SelectedHits(
+        hit_id=hit_id[keep],
+        layer=layer[keep],
+        r=r,
+        phi=np.arctan2(y, x),
+        z=z,
+        eta=np.arcsinh(z / r),
+        particle_id=particle_id,
+        distance=np.broadcast_to(np.asarray(distance, np.float64), r.shape).copy(),
+    )
 
 
 def _align_truth(event_id: int, hit_id: np.ndarray, truth_hit_id: np.ndarray) -> np.ndarray:
     """int64 [N]: the truth row of each hit."""
     if len(truth_hit_id) == 0:
         raise DataError(
-            f"event {event_id}: no truth; graph construction needs truth.csv (particle_id) "
-            "for the labels and the pT cut"
+            f"event {event_id}: no truth; graph construction with a pT cut needs truth.csv "
+            "(particle_id) for the labels and the cut (pt_min 0 takes every hit, unlabelled)"
         )
     if np.array_equal(hit_id, truth_hit_id):
         return np.arange(len(hit_id))

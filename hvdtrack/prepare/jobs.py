@@ -10,7 +10,8 @@ never a hang.
 
 Public symbols: ``PREPARE_INFO``, ``CSV_DIR``, ``FIRST_EVENT_ID``, ``EventJob``, ``process_event``,
 ``event_jobs``, ``SplitJobs``, ``split_jobs``, ``process_events``, ``usable_cpus``,
-``fingerprint``, ``up_to_date``, ``stale_reason``, ``check_replaceable``, ``kept_report``.
+``keep_or_remove_events``, ``fingerprint``, ``prepared_data``, ``up_to_date``, ``stale_reason``,
+``check_replaceable``, ``kept_report``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import shutil
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -29,15 +31,15 @@ from pathlib import Path
 from typing import Iterator
 
 from hvdtrack.config import Config, DataConfig
-from hvdtrack.configtools import to_mapping
+from hvdtrack.configtools import from_mapping, to_mapping
 from hvdtrack.errors import DataError
-from hvdtrack.events import synthetic, trackml
+from hvdtrack.events import modules, synthetic, trackml
 from hvdtrack.graphs.construction import build_hit_graphs_counting_lost
 from hvdtrack.records.manifest import MANIFEST_NAME, Manifest, check_shard_files
 from hvdtrack.records.shards import EncodedGraph, encode_graph, split_events
 
 PREPARE_INFO = "prepare.json"
-CSV_DIR = "events"  # in the dataset directory: the synthetic events' CSV files (data.keep_csv)
+CSV_DIR = "events"  # in the dataset directory: the synthetic events' CSVs and detectors.csv
 FIRST_EVENT_ID = 1000
 
 # What one event becomes: its id, its encoded graphs and per graph (true segments, lost ones).
@@ -85,6 +87,19 @@ def event_jobs(data: DataConfig, csv_dir: Path) -> list[EventJob]:
             )
         prefixes = prefixes[: data.num_events]
     return [EventJob(data, trackml.event_id_from_prefix(p), p, str(csv_dir)) for p in prefixes]
+
+
+def keep_or_remove_events(data: DataConfig, out: Path) -> None:
+    """The generated events' CSVs in ``out/CSV_DIR`` removed, or (``data.keep_csv``) completed
+    with the detector's ``detectors.csv``: a whole TrackML dataset, which the TrackML library
+    and ``trackml.read_detectors`` read. ``out`` is the dataset's staging directory, renamed
+    into place only when complete. A TrackML source's events are read where they are: no
+    ``CSV_DIR``, nothing to do."""
+    csv_dir = out / CSV_DIR
+    if not data.keep_csv:
+        shutil.rmtree(csv_dir, ignore_errors=True)
+    elif csv_dir.is_dir():
+        trackml.write_detectors(modules.module_table(), csv_dir)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +196,28 @@ def fingerprint(config: Config) -> dict:
     data.pop("workers", None)
     data.pop("prepare_timeout_s", None)
     return data
+
+
+def prepared_data(dataset_dir: str | os.PathLike) -> DataConfig | None:
+    """The data config a dataset was prepared from (the ``data`` of its ``PREPARE_INFO``), with
+    ``dataset_dir`` the directory given (a dataset may have moved). None when it has no
+    ``PREPARE_INFO``: written by ``records.write_dataset``, not by prepare.
+
+    Raises:
+      DataError: an unreadable ``PREPARE_INFO`` or one without ``data``; ConfigError: a ``data``
+        that is not a valid data config (the file and key named).
+    """
+    path = Path(dataset_dir) / PREPARE_INFO
+    if not path.exists():
+        return None
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DataError(f"{path} is unreadable ({err}) - re-run hvdtrack prepare") from None
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("data"), dict):
+        raise DataError(f"{path} holds no 'data' section - re-run hvdtrack prepare")
+    data = from_mapping(DataConfig, recorded["data"], where="data", source=str(path))
+    return dataclasses.replace(data, dataset_dir=str(dataset_dir))
 
 
 def up_to_date(config: Config) -> bool:

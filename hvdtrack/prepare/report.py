@@ -10,13 +10,12 @@ Public symbols: ``Counts``, ``report_row``, ``empty_counts``, ``add_row``, ``wri
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Iterable
 
 from hvdtrack.config import Config, DataConfig, config_to_dict
 from hvdtrack.graphs.report import ConstructionReport
-from hvdtrack.prepare.jobs import CSV_DIR, PREPARE_INFO, fingerprint
+from hvdtrack.prepare.jobs import PREPARE_INFO, fingerprint, keep_or_remove_events
 from hvdtrack.records.manifest import GraphInfo
 from hvdtrack.utils.io import atomic_write, write_json
 
@@ -52,11 +51,10 @@ def write_report(
     ranks: int,
     num_shards: int,
 ) -> dict:
-    """Writes report.md, report.json and prepare.json into ``out`` (csv removed unless kept);
-    prints the markdown and returns the report."""
+    """Writes report.md, report.json and prepare.json into ``out`` (the events' CSVs removed
+    or completed, ``keep_or_remove_events``); prints the markdown and returns the report."""
     data = config.data
-    if not data.keep_csv:
-        shutil.rmtree(out / CSV_DIR, ignore_errors=True)
+    keep_or_remove_events(data, out)
     per_split = {name: ConstructionReport.from_counts(*c) for name, c in counts.items() if c[0]}
     total = ConstructionReport.merge(per_split.values())
     report = {

@@ -237,7 +237,10 @@ def read_metrics(data: Mapping[str, Any], key: str, optional: bool = False) -> A
         return None
     if not isinstance(value, Mapping):
         raise ValueError(f"'{key}' must be an object of numbers, got {value!r}")
-    return {str(k): read_number(value, k, f"{key}.{k}") for k in value}
+    # null: a metric with no value (purity with no edge kept), which strict JSON cannot hold as NaN
+    return {
+        str(k): math.nan if value[k] is None else read_number(value, k, f"{key}.{k}") for k in value
+    }
 
 
 def _excluded(key: str, exclude: Iterable[str]) -> bool:

@@ -47,7 +47,7 @@ from hvdtrack.runs.runinfo import (
     read_number,
     read_seconds,
 )
-from hvdtrack.utils.io import atomic_write, write_json
+from hvdtrack.utils.io import atomic_write, json_ready, write_json
 
 RUN_INFO_FILE = "run.json"
 TIMING_FILE = "timing.jsonl"
@@ -305,9 +305,10 @@ def write_run(
     with atomic_write(run_dir / TIMING_FILE) as f:
         f.write(json.dumps({"kind": "header", "schema": SCHEMA_VERSION}) + "\n")
         # vars() rather than dataclasses.asdict: the records are flat and asdict deep-copies.
-        encode = json.JSONEncoder().encode
-        f.writelines(encode({"kind": "step", **vars(r)}) + "\n" for r in steps)
-        f.writelines(encode({"kind": "epoch", **vars(r)}) + "\n" for r in epochs)
+        # Strict JSON, as write_json's: a NaN validation metric is null.
+        encode = json.JSONEncoder(allow_nan=False).encode
+        f.writelines(encode(json_ready({"kind": "step", **vars(r)})) + "\n" for r in steps)
+        f.writelines(encode(json_ready({"kind": "epoch", **vars(r)})) + "\n" for r in epochs)
     write_json(run_dir / RUN_INFO_FILE, plain(info))
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import os
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -182,7 +181,7 @@ def write_summary(run_dir: str | os.PathLike, out: str | os.PathLike | None = No
     out.mkdir(parents=True, exist_ok=True)
     with atomic_write(out / "summary.md") as f:
         f.write(render.render_summary(summary))
-    write_json(out / "summary.json", _finite_or_null(summary))
+    write_json(out / "summary.json", summary)  # NaN metrics: null (write_json)
     return out / "summary.md"
 
 
@@ -354,15 +353,4 @@ def _json(report: ScalingReport) -> dict[str, Any]:
     data |= {"scaling_config": dataclasses.asdict(report.scaling), "definitions": definitions}
     data |= {"rows": report.table.to_dict("records"), "prediction": report.prediction}
     data |= {"validation": list(map(dataclasses.asdict, report.validation))}
-    return _finite_or_null({**data, "notes": report.notes})
-
-
-def _finite_or_null(value: Any) -> Any:
-    # NaN metrics (e.g. purity with no edge kept) become null: strict JSON has no NaN.
-    if isinstance(value, dict):
-        return {k: _finite_or_null(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite_or_null(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    return None if isinstance(value, float) and not math.isfinite(value) else value
+    return {**data, "notes": report.notes}  # NaN metrics become null in write_json

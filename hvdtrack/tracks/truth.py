@@ -75,7 +75,8 @@ def truth_of_event(event: trackml.Event, source: str = "") -> EventTruth:
 
 
 def load_truth(data: DataConfig, event_id: int) -> EventTruth:
-    """The truth of one event of a dataset built from ``data`` (see the module docstring).
+    """The truth of one event of a dataset built from ``data`` (see the module docstring):
+    the dataset's own data config, as its prepare.json records it (``evaluate.run.dataset_data``).
 
     Raises:
       DataError: the event's files cannot be found or read.

@@ -3,15 +3,18 @@
 ``Staged`` is the one mechanism: temporaries (files or directories) made beside their final
 names and renamed into place together. ``atomic_write`` (one file, fsynced) and ``write_json``
 are built on it; the shard writer stages a dataset's shards with it, prepare a whole dataset
-directory.
+directory. ``write_json`` writes strict JSON: a non-finite float (an empty bin's efficiency) is
+null, never ``NaN`` or ``Infinity``, which jq and JavaScript's JSON.parse refuse.
 
-Public symbols: ``Staged``, ``atomic_write``, ``write_json``, ``ordinary_permissions``.
+Public symbols: ``Staged``, ``atomic_write``, ``write_json``, ``json_ready``,
+``ordinary_permissions``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -105,17 +108,24 @@ def ordinary_permissions(path: str | os.PathLike, directory: bool = False) -> No
 
 
 def write_json(path: str | os.PathLike, data: Any) -> None:
-    """Writes ``data`` as indented JSON, atomically."""
+    """Writes ``data`` as indented strict JSON (``json_ready``), atomically."""
     with atomic_write(path) as f:
-        json.dump(data, f, indent=2, sort_keys=False, default=_json_default)
+        json.dump(json_ready(data), f, indent=2, sort_keys=False, allow_nan=False)
         f.write("\n")
 
 
-def _json_default(value: Any) -> Any:
-    # numpy scalars and arrays show up in reports; json cannot serialise them itself.
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    raise TypeError(f"cannot serialise {type(value).__name__} to JSON")
+def json_ready(value: Any) -> Any:
+    """``value`` as strict JSON can hold it: non-finite floats become None (null), numpy scalars
+    and arrays Python numbers and lists, tuples lists; dicts and lists are converted throughout."""
+    if isinstance(value, float):  # numpy's float64 too
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    if hasattr(value, "tolist"):  # numpy scalars and arrays show up in reports
+        return json_ready(value.tolist())
+    return value
 
 
 def _replace(tmp: Path, final: Path) -> None:

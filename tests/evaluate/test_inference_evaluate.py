@@ -1,8 +1,10 @@
 """The evaluation command on a hand-made event whose tracks and edge scores are known, so every
-figure it reports is checked against a value worked out by hand; files, clear errors, and the
-truth of a prepared dataset (kept or generated again) fitting its graphs."""
+figure it reports is checked against a value worked out by hand; strict JSON; files, clear
+errors, and the truth of a prepared dataset (kept or generated again) fitting its graphs; a run
+trained on synthetic events evaluated on a TrackML dataset, with the dataset's own truth."""
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -43,6 +45,15 @@ LOGIT = {"high": 4.0, "low": -4.0, "bridge": 2.0}
 WEIGHT, WEIGHT_106 = 0.038, 0.05
 LAYERS = [(8, 2), (8, 4), (8, 6), (8, 8), (13, 2), (13, 4)]  # (volume_id, layer_id), inner first
 PT = {1: 2.0, 2: 3.0, 4: 1.2, 5: 4.0, 6: 0.5}
+RADII = np.array([32.0, 72.0, 116.0, 172.0, 260.0, 360.0])  # mm, of the layers
+
+
+def _radius_phi(hit_id):
+    """Where a hit is: particle p's hits on straight lines at phi 0.3 p, layer (hit % 100) - 1;
+    the noise along phi 2.7 (z = 0 for all)."""
+    hit_id = np.asarray(hit_id)
+    particle = hit_id // 100
+    return RADII[hit_id % 100 - 1], 0.3 * particle
 
 
 def _chain(particle, logits=None):
@@ -76,8 +87,7 @@ def _write_event(events_dir):
     rows = [(p * 100 + k, p, k - 1, WEIGHT) for p in PT for k in range(1, 6)]
     rows += [(106, 1, 5, WEIGHT_106)] + [(900 + k, 0, k - 1, 0.0) for k in (1, 2, 3)]
     hit_id, particle, layer, weight = (np.array(c) for c in zip(*rows))
-    radius = np.array([32.0, 72.0, 116.0, 172.0, 260.0, 360.0])[layer]
-    phi = 0.1 * np.where(particle > 0, particle, 9)  # each particle along its own phi
+    radius, phi = _radius_phi(hit_id)
     x, y, zero = radius * np.cos(phi), radius * np.sin(phi), np.zeros(len(rows))
     hits = pd.DataFrame(
         dict(hit_id=hit_id, x=x, y=y, z=zero, module_id=1,
@@ -106,9 +116,11 @@ def _graphs():
         send, recv, label, logit = zip(*edges)
         features = np.zeros((len(edges), 4), np.float32)
         features[:, 0] = logit
+        radius, phi = _radius_phi(hit_id)
+        nodes = np.stack([radius / 1000, phi / np.pi, np.zeros(len(hits))], axis=1)
         graphs.append(
             HitGraph(
-                nodes=np.zeros((len(hits), 3), np.float32),
+                nodes=nodes.astype(np.float32),
                 edges=features,
                 senders=np.array([index[s] for s in send], np.int32),
                 receivers=np.array([index[r] for r in recv], np.int32),
@@ -187,28 +199,28 @@ EDGES = {
     "accuracy": 20 / 24,
 }
 # Tracks (at least 3 hits; reconstructable: pT > 1 and 5 hits in the graphs: particles 1, 2, 4, 5).
-# walk: 101-105, 201-203 (3 of particle 2's 5 hits: a double-majority match), 401-405 (403 takes
-#   its best edge, to 404), 501-505, 601-605 (matched, not reconstructable), 901-903 (fake);
-#   204-205 is too short. Efficiency 4/4, fake rate 1/6. TrackML score: the 23 correct hits,
-#   23 x 0.038 = 0.874; in the graphs (weights 25 x 0.038 = 0.95): 0.874 / 0.95 = 0.92.
+# chains: the bridge 403 -> 504 is neither 403's best edge nor 504's: dropped. Particle 2's two
+#   chains 201-203 and 204-205 (no edge across: 203 -> 204 scores low) lie on one straight line
+#   and are joined. Tracks 101-105, 201-205, 401-405, 501-505, 601-605 (matched, not
+#   reconstructable), 901-903 (fake): efficiency 4/4, fake rate 1/6. TrackML score: the 25
+#   particle hits of the graphs, 25 x 0.038 = 0.95; in the graphs 0.95 / 0.95 = 1.
 # components: the bridge merges 401-405 and 501-505 into one 10-hit track that is half of each
-#   particle's (no majority: fake); 5 tracks, 3 matched: efficiency 2/4, fake rate 2/5; TrackML
-#   score 13 x 0.038 = 0.494, in the graphs 0.52.
+#   particle's (no majority: fake); 204-205 is too short; 5 tracks, 3 matched: efficiency 2/4,
+#   fake rate 2/5; TrackML score 13 x 0.038 = 0.494, in the graphs 0.52.
 TRACKS = {
-    "walk": dict(tracks=6, matched_tracks=5, reconstructable=4, reconstructed=4,
-                 efficiency=1.0, fake_rate=1 / 6, duplicate_rate=0.0, majority_tracks=5,
-                 trackml_score=0.874, trackml_score_in_graphs=0.92),
+    "chains": dict(tracks=6, matched_tracks=5, reconstructable=4, reconstructed=4,
+                   efficiency=1.0, fake_rate=1 / 6, duplicate_rate=0.0, majority_tracks=5,
+                   trackml_score=0.95, trackml_score_in_graphs=1.0),
     "components": dict(tracks=5, matched_tracks=3, reconstructable=4, reconstructed=2,
                        efficiency=0.5, fake_rate=0.4, duplicate_rate=0.0, majority_tracks=3,
                        trackml_score=0.494, trackml_score_in_graphs=0.52),
 }  # fmt: skip
 # Reconstructable pT 1.2, 2.0, 3.0, 4.0 in the bins (0, .5, 1, 1.5, 2, 3, 5, 10, 100).
 PT_TOTAL = [0, 0, 1, 0, 1, 2, 0, 0]
-PT_FOUND = {"walk": [0, 0, 1, 0, 1, 2, 0, 0], "components": [0, 0, 0, 0, 1, 1, 0, 0]}
-WALK_TRACKS = {
-    frozenset(range(101, 106)), frozenset(range(201, 204)), frozenset(range(401, 406)),
-    frozenset(range(501, 506)), frozenset(range(601, 606)), frozenset({901, 902, 903}),
-}  # fmt: skip
+PT_FOUND = {"chains": [0, 0, 1, 0, 1, 2, 0, 0], "components": [0, 0, 0, 0, 1, 1, 0, 0]}
+CHAIN_TRACKS = {frozenset(range(p * 100 + 1, p * 100 + 6)) for p in PT} | {
+    frozenset({901, 902, 903})
+}
 
 
 def test_evaluate_reports_the_figures_worked_out_by_hand(known_run, capsys):
@@ -218,11 +230,11 @@ def test_evaluate_reports_the_figures_worked_out_by_hand(known_run, capsys):
     printed = capsys.readouterr().out
     assert "edges : AUC 0.7188, efficiency 0.9500, purity 0.8636" in printed
     assert (
-        "tracks (walk): TrackML score 0.8740 (in the graphs 0.9200), efficiency 1.0000 (4/4)"
+        "tracks (chains): TrackML score 0.9500 (in the graphs 1.0000), efficiency 1.0000 (4/4)"
         in printed
     )
     out = known_run / "evaluate-test"
-    result = json.loads((out / "metrics.json").read_text())
+    result = strict_json(out / "metrics.json")
     assert (result["events"], result["graphs"], result["step"]) == (1, 2, 42)
     assert result["threshold"] == 0.5 and result["reconstructable"]["pt_min"] == 1.0
     assert {k: result["edges"][k] for k in EDGES} == pytest.approx(EDGES, rel=1e-9)
@@ -231,18 +243,25 @@ def test_evaluate_reports_the_figures_worked_out_by_hand(known_run, capsys):
         assert {k: t[k] for k in expected} == pytest.approx(expected, rel=1e-6), method
         assert t["efficiency_vs_pt"]["total"] == PT_TOTAL
         assert t["efficiency_vs_pt"]["matched"] == PT_FOUND[method], method
+        assert t["efficiency_vs_pt"]["efficiency"][0] is None  # an empty bin: null, not NaN
     for name in ("roc", "scores", "efficiency_pt", "efficiency_eta"):
         assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
-    # The walkthrough's submission lists every hit of the event (106 too) with its track.
+    # The chain builder's submission lists every hit of the event (106 too) with its track.
     frame = pd.read_csv(out / "submissions" / "event000000007-submission.csv")
     assert frame.columns.tolist() == ["event_id", "hit_id", "track_id"]
     assert sorted(frame["hit_id"]) == sorted(
         [p * 100 + k for p in PT for k in range(1, 6)] + [106, 901, 902, 903]
     )
     tracks = frame[frame["track_id"] > 0].groupby("track_id")["hit_id"]
-    assert {frozenset(hits) for _, hits in tracks} == WALK_TRACKS
-    assert set(frame.loc[frame["track_id"] == 0, "hit_id"]) == {106, 204, 205}
+    assert {frozenset(hits) for _, hits in tracks} == CHAIN_TRACKS
+    assert set(frame.loc[frame["track_id"] == 0, "hit_id"]) == {106}
     assert len(list((known_run / "tensorboard").glob("events.out.tfevents.*"))) >= 1
+
+
+def strict_json(path):
+    """The parsed JSON file; a strict parser, as jq's or JavaScript's: NaN or Infinity raise."""
+    with open(path) as f:
+        return json.load(f, parse_constant=lambda c: 1 / 0)
 
 
 def test_evaluate_split_gives_the_edge_metrics_by_hand(known_run):
@@ -268,6 +287,57 @@ def test_evaluate_names_what_is_missing(known_run, tmp_path):
         evaluate_run(empty)
 
 
+def _prepare_trackml(trackml_dir, dataset, *overrides):
+    """A TrackML-source dataset of the events of ``trackml_dir``, all in the test split."""
+    from hvdtrack.config import load_config
+    from hvdtrack.prepare.local import prepare_dataset
+
+    settings = ["data.source=trackml", f"data.trackml_dir={trackml_dir}", "data.num_events=null"]
+    settings += [f"data.dataset_dir={dataset}", "data.records.split_counts=[0, 0, 1]"]
+    config = load_config(REPO / "configs/tiny.yaml", [*settings, *overrides])
+    prepare_dataset(config, progress=False)
+    return dataset
+
+
+def test_a_run_trained_on_synthetic_events_evaluates_a_trackml_dataset(known_run, tmp_path):
+    # The run's data config is synthetic (seed 11, pT cut 0); the TrackML files hold an event of
+    # another generator seed: scored against the run's truth, it would not fit the graphs.
+    import shutil
+
+    from hvdtrack.evaluate.__main__ import main
+    from hvdtrack.evaluate.run import evaluate_run
+    from hvdtrack.events import trackml
+    from hvdtrack.events.synthetic import SyntheticConfig, generate_event
+
+    event = generate_event(SyntheticConfig(num_particles=200, num_vertices=5), 1000, seed=3)
+    trackml.write_event(event, tmp_path / "trackml")
+    dataset = _prepare_trackml(tmp_path / "trackml", tmp_path / "trackml-graphs")
+
+    assert main(["--run", str(known_run), "--pt-min", "1"]) == 0  # the run's own evaluation
+    own = (known_run / "evaluate-test" / "metrics.json").read_bytes()
+    assert main(["--run", str(known_run), "--dataset-dir", str(dataset)]) == 0
+    out = known_run / "evaluate-trackml-graphs-test"  # beside the run's own, which stays
+    assert (known_run / "evaluate-test" / "metrics.json").read_bytes() == own
+    result = strict_json(out / "metrics.json")
+    assert (result["dataset_dir"], result["events"]) == (str(dataset), 1)
+    assert result["reconstructable"]["pt_min"] == 1.0  # the dataset's pT cut, not the run's 0
+    frame = pd.read_csv(out / "submissions" / "event000001000-submission.csv")
+    assert sorted(frame["hit_id"]) == sorted(event.hits["hit_id"])  # every hit of the files
+
+    # Graphs of other features are refused, naming the run, the dataset and what differs.
+    other = _prepare_trackml(tmp_path / "trackml", tmp_path / "other", "data.graph.r_scale=500")
+    refused = (
+        f"the model of run {known_run} cannot take the graphs of dataset {other}: their features "
+        f"are scaled otherwise, data.graph r_scale 500 (run: 1000) in {other / 'prepare.json'}"
+    )
+    with pytest.raises(DataError, match=re.escape(refused)):
+        evaluate_run(known_run, dataset_dir=str(other))
+    # So is another dataset that prepare did not write: nothing says where its truth is.
+    copy = shutil.copytree(known_run.parent / "data", tmp_path / "copy")
+    with pytest.raises(DataError, match=re.escape(f"{copy} has no prepare.json")):
+        evaluate_run(known_run, dataset_dir=str(copy))
+
+
 def test_synthetic_truth_kept_or_generated_again_must_fit_the_graphs(tiny_dataset, tmp_path):
     # Truth comes from the CSVs prepare kept, else the synthetic generator runs again.
     import collections
@@ -285,7 +355,7 @@ def test_synthetic_truth_kept_or_generated_again_must_fit_the_graphs(tiny_datase
     for _, graph in read_split_graphs(tiny_dataset, manifest, "test"):
         by_event[graph.event_id].append((graph, graph.labels))
     ((event_id, sections),) = by_event.items()  # one test event
-    graph = join_event(event_id, sections)
+    graph = join_event(event_id, sections, data.graph)
     kept = load_truth(data, event_id)
     assert kept.source == str(tiny_dataset / "events" / f"event{event_id:09d}")
     check_graph_truth(graph, kept)

@@ -310,6 +310,19 @@ def test_truth_is_required():
         build_hit_graphs(partial, GraphConfig())
 
 
+def test_without_truth_pt_min_0_takes_every_hit_unlabelled():
+    # Real data: the graph with truth and no pT cut, every edge labelled fake.
+    event = make_event(THREE_LAYERS, PT)
+    no_truth = Event(event.event_id, event.hits, empty_frame("truth"), event.particles)
+    (graph,) = build_hit_graphs(no_truth, GraphConfig(pt_min=0))
+    (truth,) = build_hit_graphs(event, GraphConfig(pt_min=0))
+    assert graph.hit_id.tolist() == truth.hit_id.tolist() == [1, 2, 3, 4, 5, 6]  # noise 5 too
+    np.testing.assert_array_equal(graph.nodes, truth.nodes)
+    np.testing.assert_array_equal(graph.edges, truth.edges)
+    assert _edges(graph)[:2] == _edges(truth)[:2]
+    assert graph.labels.tolist() == [0.0] * graph.num_edges and truth.labels.sum() > 0
+
+
 def test_config_refuses_bad_values():
     with pytest.raises(ConfigError, match="'n_phi_sections' must be >= 1"):
         GraphConfig(n_phi_sections=0)

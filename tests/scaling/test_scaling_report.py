@@ -11,6 +11,7 @@ from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.runs.timing import read_run
 from hvdtrack.scaling import report
 from hvdtrack.scaling.render import render_markdown
+from hvdtrack.utils.io import write_json
 
 
 def from_dirs(run_dirs):
@@ -255,6 +256,7 @@ def test_nan_metrics_are_na_in_markdown_and_null_in_json(tmp_path, synthetic_run
     )
     built = report.build_report(from_dirs([run]))
     assert "| 0.3000 | 0.500 | 0.000 | n/a | n/a |" in render_markdown(built)
-    data = report._json(built)
+    write_json(tmp_path / "report.json", report._json(built))  # as write_report writes it
+    with open(tmp_path / "report.json") as f:  # a strict parser: NaN or Infinity raise
+        data = json.load(f, parse_constant=lambda c: 1 / 0)
     assert data["rows"][0]["purity"] is None and data["rows"][0]["edge_efficiency"] == 0.0
-    json.dumps(data, allow_nan=False)  # strict JSON

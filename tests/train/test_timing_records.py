@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 
 import pytest
 
@@ -69,6 +71,23 @@ def test_round_trip_keeps_every_field(tmp_path):
     assert run.info["extra_key"] == "kept"
     assert run.info["global_batch_graphs"] == 4  # 2 per worker x 2 workers
     assert run.finished and run.num_workers == 2 and run.name == "run"
+
+
+def test_a_metric_without_value_is_null_in_strict_json_and_read_back_as_nan(tmp_path):
+    # Purity with no edge kept is 0/0: NaN, which strict JSON (jq, JSON.parse) cannot hold.
+    nan = float("nan")
+    epoch = dataclasses.replace(EPOCH, val={"loss": 0.5, "purity": nan})
+    write_run(tmp_path, _info(metrics={"loss": 0.4, "purity": nan}), [STEP], [epoch])
+    strict = dict(parse_constant=lambda c: 1 / 0)  # NaN or Infinity raise
+    assert json.loads((tmp_path / "run.json").read_text(), **strict)["metrics"]["purity"] is None
+    lines = (tmp_path / "timing.jsonl").read_text().splitlines()
+    assert [json.loads(line, **strict).get("val") for line in lines] == [
+        None,
+        None,
+        {"loss": 0.5, "purity": None},
+    ]
+    run = read_run(tmp_path)
+    assert math.isnan(run.epochs[0].val["purity"]) and run.epochs[0].val["loss"] == 0.5
 
 
 def test_write_run_replaces_both_files(tmp_path):

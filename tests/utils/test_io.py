@@ -1,7 +1,9 @@
 """Atomic writes: all or nothing, with ordinary permissions."""
 
+import json
 import os
 
+import numpy as np
 import pytest
 
 from hvdtrack.utils.io import Staged, atomic_write, write_json
@@ -16,6 +18,25 @@ def test_written_whole_with_umask_permissions(tmp_path):
     path = tmp_path / "a" / "x.json"
     assert path.read_text() == '{\n  "k": 1\n}\n'
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_json_is_strict_with_null_for_what_is_not_a_finite_number(tmp_path):
+    # An empty bin's efficiency is 0/0 (NaN), as numpy and Python floats, in lists and arrays.
+    data = {
+        "efficiency": [float("nan"), 0.5],
+        "rate": np.float64("inf"),
+        "bins": np.array([np.nan, -np.inf, 1.0], np.float32),
+        "counts": (np.int64(3), np.bool_(True)),
+    }
+    write_json(tmp_path / "x.json", data)
+    with open(tmp_path / "x.json") as f:  # a strict parser: NaN or Infinity raise
+        parsed = json.load(f, parse_constant=lambda c: 1 / 0)
+    assert parsed == {
+        "efficiency": [None, 0.5],
+        "rate": None,
+        "bins": [None, None, 1.0],
+        "counts": [3, True],
+    }
 
 
 def test_failure_leaves_old_file_and_no_temporary(tmp_path):
