@@ -1,4 +1,4 @@
-"""The ``hvdtrack`` command: ``hvdtrack prepare|train|evaluate|scaling|bench ...``.
+"""The ``hvdtrack`` command: ``hvdtrack prepare|train|evaluate|reconstruct|export|scaling|bench``.
 
 It imports only the chosen command's module, after that command's settings are applied
 (``hvdtrack.entry``); each module owns its ``main`` and runs alone as ``python -m MODULE``.
@@ -32,6 +32,14 @@ COMMANDS = {
         "hvdtrack.evaluate.__main__",
         "a trained run on a split: edge metrics, tracks, TrackML score, plots",
     ),
+    "reconstruct": Command(
+        "hvdtrack.reconstruct.__main__",
+        "a trained run on any TrackML events (no truth needed): tracks, submissions",
+    ),
+    "export": Command(
+        "hvdtrack.export.__main__",
+        "a trained run's classifier as a TensorFlow SavedModel (serving signature)",
+    ),
     "scaling": Command(
         "hvdtrack.scaling.__main__",
         "run a strong/weak scaling sweep, or report on run directories",
@@ -46,7 +54,7 @@ COMMANDS = {
 
 USAGE = (
     "usage: hvdtrack COMMAND [ARGS]\n\ncommands:\n"
-    + "\n".join(f"  {name:<9} {c.summary}" for name, c in COMMANDS.items())
+    + "\n".join(f"  {name:<11} {c.summary}" for name, c in COMMANDS.items())
     + "\n\n`hvdtrack COMMAND --help` describes each command."
 )
 

@@ -37,6 +37,9 @@ cat <<MSG
   timing records   : $run_dir/run.json, $run_dir/timing.jsonl
   run report       : $run_dir/report/summary.md  (epoch/step times, throughput, cost, energy)
   evaluation       : $run_dir/evaluate-test/  (metrics.json, plots, TrackML submissions)
+  reconstruction   : $py -m hvdtrack.reconstruct --run $run_dir EVENT_DIR --out DIR
+                     (tracks on TrackML-format events, truth not needed; --score with truth)
+  export           : $py -m hvdtrack.export --run $run_dir --out DIR  (TensorFlow SavedModel)
   scaling studies  : python -m hvdtrack.scaling run --mode strong --np 1,2 --config $config
   dataset report   : $("$py" -m hvdtrack.train --config "$config" "$@" --print-config |
     "$py" -c 'import json, sys; print(json.load(sys.stdin)["data"]["dataset_dir"])')/report.md

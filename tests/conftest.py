@@ -46,6 +46,19 @@ def tiny_config(tiny_dataset, tmp_path):
     return make
 
 
+@pytest.fixture(scope="session")
+def tiny_run(tiny_dataset, tmp_path_factory) -> Path:
+    """A run directory of the tiny config trained one epoch (4 steps) on ``tiny_dataset``: a
+    model that has learnt a little, for the commands that use a trained run."""
+    from hvdtrack.train.loop import train
+
+    run_dir = tmp_path_factory.mktemp("tiny-run") / "run"
+    overrides = [f"data.dataset_dir={tiny_dataset}", f"train.run_dir={run_dir}"]
+    overrides += ["train.epochs=1", "train.progress_bar=false"]
+    train(load_config(REPO / "configs/tiny.yaml", overrides))
+    return run_dir
+
+
 # ------------------------------------------------------------- random HitGraphs (records, inputs)
 
 

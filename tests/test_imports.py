@@ -49,6 +49,8 @@ ORDER = (
     "distributed",
     "train",
     "evaluate",
+    "reconstruct",
+    "export",
     "scaling",
     "bench",
 )
@@ -351,7 +353,7 @@ def test_every_module_has_a_layer():
 
 def test_no_module_imports_a_later_layer():
     """events -> graphs -> records -> prepare -> inputs -> model -> tracks -> runs ->
-    distributed -> train -> evaluate -> scaling -> bench, then cli: a module imports its own
+    distributed -> train -> evaluate -> reconstruct -> export -> scaling -> bench, then cli: a module imports its own
     package, the bottom layer and earlier packages only, at any depth."""
     placed = {name: found for name, found in IMPORTS.items() if _placed(name)}
     violations = layer_violations(placed)

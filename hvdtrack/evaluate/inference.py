@@ -2,14 +2,14 @@
 
 The evaluation command (edge and track metrics, plots) is ``python -m hvdtrack.evaluate``.
 
-Public symbols: ``load_classifier``, ``to_graphs_tuple``, ``score_graphs``, ``score_split``,
-``evaluate_split``.
+Public symbols: ``load_classifier``, ``to_graphs_tuple``, ``score_graphs``, ``graph_scorer``,
+``score_split``, ``evaluate_split``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -79,7 +79,14 @@ def to_graphs_tuple(graphs: Sequence[HitGraph]) -> gn_graphs.GraphsTuple:
 
 def score_graphs(model: SegmentClassifier, graphs: Sequence[HitGraph]) -> list[np.ndarray]:
     """Edge scores (sigmoid of the last step's logit), float32 [E_g] for each graph."""
-    return [scores for _, scores in _score_batch(_scoring_step(model), list(graphs))]
+    return graph_scorer(model)(graphs)
+
+
+def graph_scorer(model: SegmentClassifier) -> Callable[[Sequence[HitGraph]], list[np.ndarray]]:
+    """``score_graphs`` for many calls: one compiled step (any graph size), traced here."""
+    step = _scoring_step(model)
+    step.get_concrete_function()
+    return lambda graphs: [scores for _, scores in _score_batch(step, list(graphs))]
 
 
 def _scoring_step(model: SegmentClassifier):

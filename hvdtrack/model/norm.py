@@ -7,7 +7,8 @@ headers and cached (``run_scripts/install.sh`` builds it ahead with ``build_kern
 them the training step on 10k nodes / 80k edges takes 2.0 s instead of 2.6 s (1 thread,
 docs/performance.md). The same maths in TensorFlow ops (``_layer_norm_ops``) runs where the
 kernel cannot: on GPUs (it has no GPU kernel), without a C++ compiler (the reason is logged
-once), or with ``HVDTRACK_FUSED_OPS=0``. Both give the same values to float32 rounding
+once), with ``HVDTRACK_FUSED_OPS=0``, and in functions traced under ``plain_ops()`` (an export
+that runtimes without the kernel load). Both give the same values to float32 rounding
 (tests/model/test_layer_norm.py).
 
 Cache: ``$HVDTRACK_OPS_CACHE``, else ``$XDG_CACHE_HOME/hvdtrack/ops`` (``~/.cache``), one file
@@ -16,6 +17,8 @@ per source, TensorFlow version and compile flags, written beside and renamed int
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import hashlib
 import logging
@@ -23,7 +26,7 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import sonnet as snt
 import tensorflow as tf
@@ -78,6 +81,20 @@ def build_kernel(cache_dir: Optional[Path] = None) -> Path:
     return path
 
 
+_PLAIN_OPS = contextvars.ContextVar("hvdtrack_plain_ops", default=False)
+
+
+@contextlib.contextmanager
+def plain_ops() -> Iterator[None]:
+    """Layer norms traced in the block use TensorFlow ops only, never the fused kernel: what a
+    SavedModel needs to load where the kernel library is not (plain TensorFlow, converters)."""
+    token = _PLAIN_OPS.set(True)
+    try:
+        yield
+    finally:
+        _PLAIN_OPS.reset(token)
+
+
 @functools.cache
 def fused_kernels() -> Optional[Any]:
     """The loaded kernel library, or None where the TensorFlow-ops version must run."""
@@ -112,7 +129,7 @@ class LayerNorm(snt.Module):
         # Read as tensors (their gradients come from ``grad``), and in float32: statistics of
         # a 64-wide row in bfloat16 or float16 would lose most of their digits.
         scale, offset = (tf.cast(v, tf.float32) for v in (self.scale, self.offset))
-        kernels = fused_kernels() if x.shape.rank == 2 else None
+        kernels = fused_kernels() if x.shape.rank == 2 and not _PLAIN_OPS.get() else None
         norm = functools.partial(_layer_norm_fused, kernels) if kernels else _layer_norm_ops
         if x.dtype == tf.float32:
             return norm(x, scale, offset, self.eps)
