@@ -90,12 +90,11 @@ def join_continuations(
       int64 [H], the joined chain of each hit, 0 .. J-1.
     """
     count = int(chain.max()) + 1 if chain.size else 0
-    inner, outer = _candidate_pairs(chain, xyz, count)
     moments = helix.hit_moments(chain, xyz, count)
-    transverse, longitudinal = helix.residuals(moments[inner] + moments[outer])
-    fits = (transverse < max_transverse) & (longitudinal < max_longitudinal)
-    cost = (transverse / max_transverse) ** 2 + (longitudinal / max_longitudinal) ** 2
-    inner, outer, cost = inner[fits], outer[fits], cost[fits]
+    found = [_fitting_pairs(moments, *pairs, max_transverse, max_longitudinal)
+             for pairs in _candidate_pairs(chain, xyz, count)]  # fmt: skip
+    inner, outer, cost = (np.concatenate([f[i] for f in found] or [np.zeros(0)]) for i in range(3))
+    inner, outer = inner.astype(np.int64), outer.astype(np.int64)
     links_in, links_out = [], []
     # Greedy by cost, as rounds of locally best pairs (the same matching, vectorised).
     while inner.size:
@@ -111,8 +110,19 @@ def join_continuations(
     return connected_components(count, *pairs)[chain]
 
 
-def _candidate_pairs(chain: np.ndarray, xyz: np.ndarray, count: int) -> tuple:
-    """(inner, outer) chain pairs where the outer starts beyond the inner's end, close in phi."""
+def _fitting_pairs(moments, inner, outer, max_transverse, max_longitudinal) -> tuple:
+    """The (inner, outer, cost) of the pairs one helix fits within the limits."""
+    transverse, longitudinal = helix.residuals(moments[inner] + moments[outer])
+    fits = (transverse < max_transverse) & (longitudinal < max_longitudinal)
+    cost = (transverse / max_transverse) ** 2 + (longitudinal / max_longitudinal) ** 2
+    return inner[fits], outer[fits], cost[fits]
+
+
+def _candidate_pairs(chain: np.ndarray, xyz: np.ndarray, count: int, chunk: int = 1 << 20):
+    """Yields (inner, outer) chain pairs, about ``chunk`` at a time (memory stays bounded on
+    graphs of every hit): the outer starting beyond the inner's end, its first hit within
+    ``MAX_GAP_DPHI`` of the inner's last, and one of the two of 2 hits or more (single hits
+    are not paired with each other: on a graph of every hit they are most hits)."""
     distance = np.linalg.norm(xyz, axis=1)
     start = np.full(count, np.inf)
     end = np.full(count, -np.inf)
@@ -123,19 +133,33 @@ def _candidate_pairs(chain: np.ndarray, xyz: np.ndarray, count: int) -> tuple:
     by_distance = np.argsort(distance, kind="stable")
     last_phi[chain[by_distance]] = phi[by_distance]  # the last write is the outermost hit
     first_phi[chain[by_distance[::-1]]] = phi[by_distance[::-1]]
-    # Sorted by azimuth, each chain's end is compared with the starts within MAX_GAP_DPHI.
-    order = np.argsort(first_phi, kind="stable")
-    wrapped = np.concatenate(
-        [first_phi[order] - 2 * np.pi, first_phi[order], first_phi[order] + 2 * np.pi]
-    )
+    longer = np.bincount(chain, minlength=count) >= 2
+    # From each longer chain's end to every start near it, and from each longer chain's start
+    # to every end near it but of a single hit (the pairs of two longer chains come once).
+    for pairs in _near_in_phi(np.flatnonzero(longer), last_phi, first_phi, chunk):
+        inner, outer = pairs
+        keep = start[outer] > end[inner] + MIN_GAP
+        yield inner[keep], outer[keep]
+    for pairs in _near_in_phi(np.flatnonzero(longer), first_phi, last_phi, chunk):
+        outer, inner = pairs
+        keep = (start[outer] > end[inner] + MIN_GAP) & ~longer[inner]
+        yield inner[keep], outer[keep]
+
+
+def _near_in_phi(chains: np.ndarray, phi_of: np.ndarray, phi_to: np.ndarray, chunk: int):
+    """Yields (a, b) pairs, a of ``chains``, b any chain with phi_to[b] within MAX_GAP_DPHI of
+    phi_of[a], about ``chunk`` pairs at a time."""
+    order = np.argsort(phi_to, kind="stable")
+    wrapped = np.concatenate([phi_to[order] - 2 * np.pi, phi_to[order], phi_to[order] + 2 * np.pi])
     owners = np.concatenate([order, order, order])
-    low = np.searchsorted(wrapped, last_phi - MAX_GAP_DPHI)
-    high = np.searchsorted(wrapped, last_phi + MAX_GAP_DPHI)
-    inner = np.repeat(np.arange(count), high - low)
-    within = np.arange(inner.size) - np.repeat(np.cumsum(high - low) - (high - low), high - low)
-    outer = owners[np.repeat(low, high - low) + within]
-    beyond = start[outer] > end[inner] + MIN_GAP
-    return inner[beyond], outer[beyond]
+    low = np.searchsorted(wrapped, phi_of[chains] - MAX_GAP_DPHI)
+    high = np.searchsorted(wrapped, phi_of[chains] + MAX_GAP_DPHI)
+    bounds = np.searchsorted(np.cumsum(high - low), np.arange(chunk, (high - low).sum(), chunk))
+    for part in np.split(np.arange(chains.size), np.unique(bounds)):
+        width = high[part] - low[part]
+        a = np.repeat(chains[part], width)
+        within = np.arange(a.size) - np.repeat(np.cumsum(width) - width, width)
+        yield a, owners[np.repeat(low[part], width) + within]
 
 
 def chain_tracks(
