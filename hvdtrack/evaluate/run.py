@@ -97,10 +97,15 @@ def dataset_data(run_dir: Path, trained: DataConfig, dataset_dir: Optional[str])
 
 
 def score_events(
-    model: SegmentClassifier, config: Config, data: DataConfig, manifest: Manifest, split: str
+    model: SegmentClassifier,
+    config: Config,
+    data: DataConfig,
+    manifest: Manifest,
+    split: str,
+    threshold: float,
 ) -> ScoredSplit:
-    """Scores every graph of ``split`` with ``model``; the edge metrics at the config's
-    ``train.thresholds``."""
+    """Scores every graph of ``split`` with ``model``; the edge metrics at ``threshold`` (the
+    unsuffixed efficiency, purity, accuracy) and at the config's other ``train.thresholds``."""
     by_event: dict[int, list] = collections.defaultdict(list)
     for graph, scores in score_split(
         model, data.dataset_dir, manifest, split, config.train.batch_graphs
@@ -109,7 +114,8 @@ def score_events(
     parts = [p for event in by_event.values() for p in event]
     scores = np.concatenate([s for _, s in parts])
     labels = np.concatenate([g.labels for g, _ in parts])
-    edges = edge_lib.edge_metrics(scores, labels, config.train.thresholds)
+    others = [t for t in config.train.thresholds if t != threshold]
+    edges = edge_lib.edge_metrics(scores, labels, [threshold, *others])
     return ScoredSplit(by_event, scores, labels, edges)
 
 
@@ -148,7 +154,7 @@ def evaluate_run(
     model, config, data, manifest = open_run(run_dir, checkpoint, dataset_dir, split)
     threshold = config.train.thresholds[0] if threshold is None else threshold
     pt_min = data.graph.pt_min if pt_min is None else pt_min
-    scored = score_events(model, config, data, manifest, split)
+    scored = score_events(model, config, data, manifest, split, threshold)
 
     # Another dataset's evaluation goes beside the run's own, never over it.
     own = Path(data.dataset_dir).resolve() == Path(config.data.dataset_dir).resolve()
