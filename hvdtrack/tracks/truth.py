@@ -21,7 +21,7 @@ from hvdtrack.events import synthetic, trackml
 
 if TYPE_CHECKING:
     from hvdtrack.config import DataConfig
-    from hvdtrack.tracks.building import EventGraph
+    from hvdtrack.tracks.graph import EventGraph
 
 
 @dataclasses.dataclass
