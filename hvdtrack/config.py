@@ -38,6 +38,10 @@ from hvdtrack.scaling.config import ScalingConfig
 from hvdtrack.train.config import TrainConfig
 from hvdtrack.utils.io import atomic_write
 
+# Upper bounds of the data section, far above real use (see DataConfig).
+MAX_EVENTS = 1_000_000
+MAX_WORKERS = 1024
+
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
@@ -53,6 +57,10 @@ class DataConfig:
     it and the other ranks wait at most this long for it before giving up; preparation itself
     gives up when no event finishes within it (a stuck worker). Neither it nor ``workers``
     changes the dataset (``hvdtrack.prepare.jobs.up_to_date`` ignores them).
+
+    ``dataset_dir`` may not be empty. Upper bounds, far above real use (TrackML's whole
+    training set is 8,850 events): ``num_events`` ``MAX_EVENTS`` (1,000,000), ``workers``
+    ``MAX_WORKERS`` (1024).
     """
 
     source: Literal["synthetic", "trackml"] = "synthetic"
@@ -69,21 +77,30 @@ class DataConfig:
 
     def __post_init__(self):
         check(
+            bool(self.dataset_dir.strip()),
+            "dataset_dir",
+            "must not be empty (the directory of the prepared dataset, e.g. data/NAME)",
+        )
+        check(
             self.source != "trackml" or bool(self.trackml_dir),
             "trackml_dir",
             "is required when data.source is trackml (a directory of event000...-hits.csv files)",
         )
         check(
-            self.num_events is None or self.num_events >= 1,
+            self.num_events is None or 1 <= self.num_events <= MAX_EVENTS,
             "num_events",
-            "must be >= 1 (or null: every TrackML event in trackml_dir)",
+            f"must be in [1, {MAX_EVENTS}] (or null: every TrackML event in trackml_dir)",
         )
         check(
             self.num_events is not None or self.source == "trackml",
             "num_events",
             "may only be null with data.source trackml",
         )
-        check(self.workers is None or self.workers >= 1, "workers", "must be >= 1 or null")
+        check(
+            self.workers is None or 1 <= self.workers <= MAX_WORKERS,
+            "workers",
+            f"must be in [1, {MAX_WORKERS}] or null",
+        )
         check(self.prepare_timeout_s > 0, "prepare_timeout_s", "must be > 0 (seconds)")
 
 
@@ -195,20 +212,39 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
         or a value out of range.
     """
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
-    try:
-        data = load_yaml(text) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    data = load_yaml(_read_text(path), str(path))
+    if data is None or data == {}:
+        raise ConfigError(
+            f"{path}: the config file is empty (no sections); give the settings, or "
+            f"--config {DEFAULT_CONFIG_NAME} for the packaged default"
+        )
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     data = rename_legacy_keys(apply_overrides(data, overrides or []), str(path))
     data.setdefault("name", path.stem)
     source = str(path) if not overrides else f"{path} (with overrides {' '.join(overrides)})"
     return from_mapping(Config, data, source=source)
+
+
+# Configs are a few kB; anything much larger (or endless, as /dev/zero) is not one.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _read_text(path: Path) -> str:
+    """The text of config file ``path``: UTF-8, at most ``MAX_CONFIG_BYTES``."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes: not a config file")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"{path}: not a text (UTF-8) file: byte 0x{raw[err.start]:02x} at offset {err.start}"
+        ) from None
 
 
 def rename_legacy_keys(data: dict, where: str) -> dict:

@@ -41,9 +41,89 @@ _Loader.add_implicit_resolver(
 )
 
 
-def load_yaml(text: str) -> Any:
-    """Parses YAML text (safe loader; ``1e-3`` is a float)."""
-    return yaml.load(text, Loader=_Loader)
+# A config has about a hundred values; aliases could make a few hundred bytes stand for billions.
+MAX_YAML_VALUES = 100_000
+
+
+def load_yaml(text: str, source: str = "config") -> Any:
+    """Parses YAML text (safe loader; ``1e-3`` is a float) that is a plain tree of values.
+
+    Refused, before anything is built: a key given twice in one mapping, an alias that refers to
+    itself, and a document whose aliases expand to more than ``MAX_YAML_VALUES`` values (an
+    "alias bomb"). Every error is one line naming ``source``, and the key and line if any.
+
+    Raises:
+      ConfigError: not valid YAML, or one of the above.
+    """
+    try:
+        loader = _Loader(text)  # refuses control characters (a binary file) already
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            _check_tree(node, source)
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{source}: not valid YAML: {_one_line(err)}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply to be a config") from None
+
+
+def _check_tree(root: yaml.Node, source: str) -> None:
+    """Walks the composed nodes (aliases are shared nodes) and refuses duplicate keys, a node
+    inside itself, and more than ``MAX_YAML_VALUES`` values once aliases are expanded."""
+    sizes: dict[int, int] = {}  # node id -> values it expands to, once walked
+    open_nodes: set[int] = set()
+
+    def walk(node: yaml.Node, key: str) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_nodes:
+            raise ConfigError(
+                f"{source}: '{key or '<top>'}' (line {node.start_mark.line + 1}) refers to "
+                "itself through an alias: a config is a tree of values"
+            )
+        open_nodes.add(id(node))
+        size = 1
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, value_node in node.value:
+                name, line = key_node.value, key_node.start_mark.line + 1
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE:
+                    if (key_node.tag, name) in seen:
+                        raise ConfigError(
+                            f"{source}: duplicate key '{_join(key, name)}' on line {line} "
+                            f"(first on line {seen[key_node.tag, name]})"
+                        )
+                    seen[key_node.tag, name] = line
+                size += walk(key_node, key) + walk(value_node, _join(key, name))
+        elif isinstance(node, yaml.SequenceNode):
+            size += sum(walk(item, f"{key}[{i}]") for i, item in enumerate(node.value))
+        if size > MAX_YAML_VALUES:
+            raise ConfigError(
+                f"{source}: '{key or '<top>'}' (line {node.start_mark.line + 1}) expands to more "
+                f"than {MAX_YAML_VALUES} values through aliases: not a config"
+            )
+        open_nodes.discard(id(node))
+        sizes[id(node)] = size
+        return size
+
+    walk(root, "")
+
+
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _one_line(err: yaml.YAMLError) -> str:
+    """A YAML error as one line: what is wrong and where (PyYAML's spans several)."""
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem:
+        mark = err.problem_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        context = f"{err.context}: " if err.context else ""
+        return f"{context}{err.problem}{where}"
+    return " ".join(str(err).split())
 
 
 def from_mapping(cls: type, data: Any, where: str = "", source: str = "config") -> Any:
@@ -113,10 +193,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override '{text}' is not of the form section.key=value")
-    try:
-        parsed = load_yaml(value) if value.strip() else ""
-    except yaml.YAMLError as err:
-        raise ConfigError(f"override '{text}': value is not valid YAML ({err})") from None
+    parsed = load_yaml(value, f"override '{text}'") if value.strip() else ""
     return key.split("."), parsed
 
 

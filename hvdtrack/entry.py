@@ -27,6 +27,11 @@ TRAINING: Mapping[str, str] = {
     # ~10^5 edges that costs ~10^6 page faults per step (a third of it). The caching (BFC)
     # allocator keeps them: 1.3-1.6x faster steps (measured when the bench still compared both).
     "TF_CPU_ALLOCATOR_USE_BFC": "true",
+    # Same seed, same weights: with TensorFlow's oneDNN kernels a process of a 2-rank job
+    # computed one of two different gradients for the same batch and weights (the kernels' order
+    # varies from process to process), so repeated runs parted. Without them every process
+    # agreed; the step costs ~12% more CPU time (docs/results.md). Set it to 1 for speed.
+    "TF_ENABLE_ONEDNN_OPTS": "0",
 }
 
 Main = Callable[[Optional[Sequence[str]]], int]

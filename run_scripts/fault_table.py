@@ -180,7 +180,12 @@ def records_check(run_dir: Path, complete: bool) -> str:
 def message_line(output: str, launcher: str) -> str:
     """The line that tells the user what happened: ours, else the launcher's."""
     lines = [line.split("<stderr>:")[-1].strip() for line in output.splitlines()]
-    for marker in ("hvdtrack: error:", "hvdtrack: ", "[hvdtrack] run directory"):
+    for marker in (
+        "hvdtrack: error:",
+        "hvdtrack: ",
+        "[hvdtrack] WARNING",
+        "[hvdtrack] run directory",
+    ):
         found = [line for line in lines if line.startswith(marker)]
         if found:
             return found[0]
@@ -450,6 +455,267 @@ def resume_changed_model(case: Case, work: Path) -> Row:
     return row
 
 
+# ------------------------------------------------ misuse, damage and full or read-only disks
+def spawn(args: list[str], log: Path) -> Job:
+    """``python ARGS`` as one plain process in its own session (no launcher)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, *args], cwd=REPO, env=worker_env(), stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    return Job("local", [proc], [log])
+
+
+def timed(row: Row, args: list[str]) -> subprocess.CompletedProcess:
+    """Runs ``python ARGS`` to its end; exit code, seconds and message into ``row``."""
+    started = time.monotonic()
+    done = run(args, check=False)
+    row.exit_s, row.exit_code = time.monotonic() - started, done.returncode
+    row.message = message_line(done.stdout + done.stderr, "local")
+    return done
+
+
+def kept(row: Row, run_dir: Path) -> Row:
+    row.checkpoint, row.run_status = latest_checkpoint(run_dir), run_status(run_dir)
+    row.records = records_check(run_dir, complete=False)
+    return row
+
+
+def local_straight(epochs: int = EPOCHS) -> dict:
+    """Final weights of an uninterrupted one-process run of ``epochs`` (cached)."""
+    cache = CONTEXT.__dict__.setdefault("_local", {})
+    if epochs not in cache:
+        run_dir = CONTEXT.work / f"straight-local-{epochs}"
+        run([*train_args(CONTEXT, run_dir, "local"), f"train.epochs={epochs}"])
+        cache[epochs] = weights(run_dir)
+    return cache[epochs]
+
+
+def resumed_exactly(row: Row, args: list[str], run_dir: Path, epochs: int = EPOCHS) -> Row:
+    """Reruns ``args``; the resume column says whether it ends with a lone run's weights."""
+    done = run(args, check=False)
+    if done.returncode != 0:
+        row.resume = f"no (rerun exit {done.returncode}: {message_line(done.stderr, 'local')[:80]})"
+    else:
+        row.resume = compare(weights(run_dir), local_straight(epochs))
+    return row
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: str):
+    """A tmpfs of ``size`` at ``path`` (needs root), unmounted after."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Fills ``disk`` to the last byte with one file; returns it."""
+    filler = disk / "filler"
+    with open(filler, "wb") as out:
+        with contextlib.suppress(OSError):
+            while True:
+                out.write(b"\0" * 65536)
+                out.flush()
+    return filler
+
+
+def strategy_mismatch(case: Case, work: Path) -> Row:
+    """``distributed.strategy=local`` under ``horovodrun -np 2``: two separate trainings would
+    share one run directory."""
+    row, run_dir = Row(case.fault, case.launcher), work / "run"
+    args = [*train_args(CONTEXT, run_dir, case.launcher), "distributed.strategy=local"]
+    job = start_job(case.launcher, 2, args, work / "logs")
+    started = time.monotonic()
+    row.exit_code = job.wait(300)
+    row.exit_s = time.monotonic() - started
+    job.kill()
+    row.message = message_line(job.output(), case.launcher)
+    row.records = "no run directory" if not run_dir.exists() else "RUN DIRECTORY WRITTEN"
+    return row
+
+
+def second_train(case: Case, work: Path) -> Row:
+    """A second ``train`` on the run directory of a live one; the first must end unharmed."""
+    row, run_dir, epochs = Row(case.fault, case.launcher), work / "run", 3 * EPOCHS
+    args = [*train_args(CONTEXT, run_dir, "local"), f"train.epochs={epochs}"]
+    first = spawn(args, work / "logs/first.log")
+    try:
+        wait_for_file(run_dir / "timing.jsonl", first, timeout=300)
+        timed(row, args)
+        code = first.wait(900)
+    finally:
+        first.kill()
+    kept(row, run_dir)
+    row.resume = "first run: " + (
+        compare(weights(run_dir), local_straight(epochs)) if code == 0 else f"exit {code}"
+    )
+    return row
+
+
+def second_prepare(case: Case, work: Path) -> Row:
+    """A second ``prepare`` on a dataset directory being written."""
+    row, data = Row(case.fault, case.launcher), work / "data"
+    args = ["-m", "hvdtrack.prepare", "--config", "tiny", f"data.dataset_dir={data}"]
+    first = spawn([*args, "data.num_events=60"], work / "logs/first.log")
+    try:
+        deadline = time.monotonic() + 120
+        while not [p for p in work.iterdir() if p.name not in ("logs",)]:
+            if first.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the first prepare wrote nothing:\n{first.output()[-2000:]}")
+            time.sleep(0.05)
+        timed(row, [*args, "data.num_events=60"])
+        code = first.wait(900)
+    finally:
+        first.kill()
+    ok = code == 0 and (data / "manifest.json").exists()
+    row.records = f"first prepare: exit {code}, " + ("dataset complete" if ok else "NO DATASET")
+    return row
+
+
+def disk_full_prepare(case: Case, work: Path) -> Row:
+    """``prepare --force`` of a dataset on a disk with room for one copy only."""
+    row = Row(case.fault, case.launcher)
+    with small_disk(work / "disk", "16m") as disk:
+        args = ["-m", "hvdtrack.prepare", "--config", "tiny", f"data.dataset_dir={disk / 'data'}"]
+        run(args)
+        before = digest(disk / "data")
+        fill(disk)
+        timed(row, [*args, "--force"])
+        left = sorted(p.name for p in disk.iterdir() if p.name not in ("data", "filler"))
+        row.records = "dataset unchanged" if digest(disk / "data") == before else "DATASET CHANGED"
+        row.records += f", left beside it: {', '.join(left) or 'nothing'}"
+    return row
+
+
+def disk_full_checkpoint(case: Case, work: Path) -> Row:
+    """The run directory's disk fills up while training; rerun after freeing it."""
+    row = Row(case.fault, case.launcher)
+    with small_disk(work / "disk", "64m") as disk:
+        run_dir = disk / "run"
+        args = train_args(CONTEXT, run_dir, "local")
+        job = spawn(args, work / "logs/job.log")
+        try:
+            wait_for_file(run_dir / "timing.jsonl", job, timeout=300)
+            filler = fill(disk)
+            started = time.monotonic()
+            row.exit_code = job.wait(300)
+            row.exit_s = time.monotonic() - started
+        finally:
+            job.kill()
+        row.message = message_line(job.output(), "local")
+        kept(row, run_dir)
+        filler.unlink()
+        return resumed_exactly(row, args, run_dir)
+
+
+def read_only_run(case: Case, work: Path) -> Row:
+    """A run directory on a filesystem mounted read-only, trained further."""
+    row = Row(case.fault, case.launcher)
+    with small_disk(work / "disk", "64m") as disk:
+        run_dir = disk / "run"
+        args = train_args(CONTEXT, run_dir, "local")
+        run([*args, "train.stop_after_steps=16"])  # 2 of the 6 epochs
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        try:
+            timed(row, args)
+        finally:
+            subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
+        kept(row, run_dir)
+        return resumed_exactly(row, args, run_dir)
+
+
+def damaged_checkpoint(case: Case, work: Path) -> Row:
+    """A run stopped after 2 of its epochs, its checkpoint state damaged (case.fault says how),
+    then trained to the end."""
+    row, run_dir = Row(case.fault, case.launcher), work / "run"
+    args = train_args(CONTEXT, run_dir, "local")
+    run([*args, "train.stop_after_steps=16"])  # 2 of the 6 epochs
+    folder = run_dir / "checkpoints"
+    if "deleted" in case.fault:
+        (folder / "checkpoint").unlink()
+    elif "missing" in case.fault:
+        (folder / "checkpoint").write_text('model_checkpoint_path: "ckpt-99"\n')
+    else:  # the newest checkpoint's data file cut in half
+        newest = max(folder.glob("ckpt-*.index"), key=lambda p: int(p.name[5:-6]))
+        data = next(folder.glob(newest.name[:-6] + ".data-*"))
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    timed(row, args)
+    kept(row, run_dir)
+    row.resume = compare(weights(run_dir), local_straight()) if row.exit_code == 0 else "-"
+    return row
+
+
+BAD_CONFIGS = {
+    "empty config file": "",
+    "YAML alias bomb": "a: &a [x,x,x,x,x,x,x,x,x]\n"
+    + "".join(f"{b}: &{b} [{', '.join(['*' + a] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi")),
+    "duplicate YAML key": "name: tiny\ntrain:\n  epochs: 2\ntrain:\n  epochs: 3\n",
+}
+
+
+def bad_config(case: Case, work: Path) -> Row:
+    row = Row(case.fault, case.launcher)
+    path = work / "config.yaml"
+    path.write_text(BAD_CONFIGS[case.fault])
+    timed(row, ["-m", "hvdtrack.train", "--config", str(path), f"train.run_dir={work / 'run'}"])
+    row.records = "nothing written" if not (work / "run").exists() else "RUN DIRECTORY WRITTEN"
+    return row
+
+
+def trailing_slash(case: Case, work: Path) -> Row:
+    """``data.dataset_dir=DIR/`` on a prepared dataset."""
+    row, data = Row(case.fault, case.launcher), own_dataset(work)
+    before = digest(data)
+    timed(row, ["-m", "hvdtrack.prepare", "--config", "tiny", f"data.dataset_dir={data}/"])
+    row.records = "dataset reused" if digest(data) == before else "DATASET REBUILT"
+    return row
+
+
+def evaluate_threshold(case: Case, work: Path) -> Row:
+    row, run_dir = Row(case.fault, case.launcher), work / "run"
+    run([*train_args(CONTEXT, run_dir, "local"), "train.epochs=1"])
+    timed(row, ["-m", "hvdtrack.evaluate", "--run", str(run_dir), "--threshold", "2"])
+    row.records = "no output" if not (run_dir / "evaluate-test").exists() else "OUTPUT WRITTEN"
+    return row
+
+
+def sigterm_prepare(case: Case, work: Path) -> Row:
+    """SIGTERM to a ``prepare`` once it has started writing."""
+    row, data = Row(case.fault, case.launcher), work / "data"
+    args = ["-m", "hvdtrack.prepare", "--config", "tiny", f"data.dataset_dir={data}"]
+    job = spawn([*args, "data.num_events=60"], work / "logs/job.log")
+    try:
+        deadline = time.monotonic() + 120
+        while not [p for p in work.iterdir() if p.name.startswith(".")]:
+            if job.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"prepare wrote nothing:\n{job.output()[-2000:]}")
+            time.sleep(0.05)
+        time.sleep(1.0)
+        job.procs[0].send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        row.exit_code = job.wait(120)
+        row.exit_s = time.monotonic() - started
+    finally:
+        job.kill()
+    row.message = message_line(job.output(), "local")
+    left = sorted(p.name for p in work.iterdir() if p.name != "logs")
+    row.records = f"left: {', '.join(left) or 'nothing'}"
+    return row
+
+
+def run_dir_at_dataset(case: Case, work: Path) -> Row:
+    row, data = Row(case.fault, case.launcher), own_dataset(work)
+    before = digest(data)
+    timed(row, [*train_args(CONTEXT, data, "local"), f"data.dataset_dir={data}"])
+    row.records = "dataset unchanged" if digest(data) == before else "DATASET CHANGED"
+    return row
+
+
 CASES: list[Case] = [
     Case("kill -9 of rank 1", "gloo", signal_a_rank, resume=True),
     Case("kill -9 of rank 1", "mpi", signal_a_rank, resume=True),
@@ -469,18 +735,38 @@ CASES: list[Case] = [
     Case("training shard deleted", "local", delete_shard),
     Case("prepare at a folder of CSVs", "local", prepare_elsewhere),
     Case("resume with model.node_encoder changed", "local", resume_changed_model),
+    Case("strategy local under horovodrun -np 2", "gloo", strategy_mismatch),
+    Case("second train on a live run directory", "local", second_train),
+    Case("second prepare on a dataset being written", "local", second_prepare),
+    Case("disk full during prepare --force", "local", disk_full_prepare),
+    Case("disk full during training", "local", disk_full_checkpoint),
+    Case("run directory on a read-only filesystem", "local", read_only_run),
+    Case("checkpoints/checkpoint deleted", "local", damaged_checkpoint),
+    Case("checkpoints/checkpoint names a missing ckpt", "local", damaged_checkpoint),
+    Case("newest checkpoint truncated", "local", damaged_checkpoint),
+    Case("empty config file", "local", bad_config),
+    Case("YAML alias bomb", "local", bad_config),
+    Case("duplicate YAML key", "local", bad_config),
+    Case("data.dataset_dir with a trailing slash", "local", trailing_slash),
+    Case("evaluate --threshold 2", "local", evaluate_threshold),
+    Case("SIGTERM during prepare", "local", sigterm_prepare),
+    Case("run directory at a dataset directory", "local", run_dir_at_dataset),
 ]
 
 HEADER = """# What happens when things go wrong
 
-Generated by `{command}` ({date}, {host}, {cores} cores; every case on the tiny config with
+Generated by `{command}` (last run {date}, {host}, {cores} cores; every case on the tiny config with
 `distributed.deadline_s={deadline}`, {epochs} epochs of {steps} steps, a step checkpoint every
-{every} steps). Do not edit by hand: rerun the command.
+{every} steps). Do not edit by hand: rerun the command. A run with `--only` replaces the rows it
+ran and keeps the others. The rows on two hosts run in network namespaces
+(`run_scripts/test_hosts.sh`, root). The misuse rows after the first 18 run one process
+(`local`); a resume there is compared with a one-process run never interrupted.
 
 * **exit**: the job's exit code (the launcher's; MultiWorker: the first non-zero of the workers
   still running) and the line that says what happened.
 * **time to exit**: seconds from the fault to the end of the job (MultiWorker: of the workers
-  not stopped, as nothing stops a stopped worker without a launcher).
+  not stopped, as nothing stops a stopped worker without a launcher); for a misuse row, from the
+  command's start (a train command spends most of it importing TensorFlow).
 * **kept**: the newest checkpoint, run.json's status, and the timing records (no step twice;
   after a resume, every step of every rank once).
 * **resume exact**: the same command run again ends with the weights of an uninterrupted run
@@ -499,6 +785,22 @@ def markdown_row(row: Row) -> str:
     cells = [row.fault, row.launcher, str(row.exit_code), f"`{message}`" if message else "-"]
     cells += [exit_s, row.checkpoint, row.run_status, row.records, row.resume]
     return "| " + " | ".join(cells) + " |"
+
+
+def merged_rows(previous: str, lines: list[str]) -> list[str]:
+    """The table's rows after an ``--only`` run: its rows replace those of the same fault and
+    launcher, the others stay, in the order of ``CASES``."""
+
+    def key(line: str) -> tuple[str, str]:
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        return cells[0], cells[1]
+
+    table = [line for line in previous.splitlines() if line.startswith("| ") and "---" not in line]
+    rows = {key(line): line for line in table}
+    rows.pop(("fault", "launcher"), None)
+    rows.update({key(line): line for line in lines})
+    order = [(c.fault, c.launcher) for c in CASES]
+    return sorted(rows.values(), key=lambda r: order.index(key(r)) if key(r) in order else 999)
 
 
 def main(argv=None) -> int:
@@ -526,7 +828,7 @@ def main(argv=None) -> int:
         print(line, flush=True)
         lines.append(line)
     header = HEADER.format(
-        command=COMMAND + (f" --only {' '.join(args.only)}" if args.only else ""),
+        command=COMMAND,
         date=time.strftime("%Y-%m-%d"),
         host=os.uname().nodename,
         cores=os.cpu_count(),
@@ -535,6 +837,8 @@ def main(argv=None) -> int:
         steps=STEPS_PER_EPOCH,
         every=CHECKPOINT_EVERY,
     )
+    if args.only and args.out != "-" and Path(args.out).exists():
+        lines = merged_rows(Path(args.out).read_text(), lines)
     text = header + "\n".join(lines) + "\n"
     if args.out != "-":
         Path(args.out).write_text(text)

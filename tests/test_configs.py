@@ -79,7 +79,7 @@ def test_config_runs_a_few_steps(path, tmp_path):
             ["train.lerning_rate=0.1"],
             r"unknown key 'train.lerning_rate' \(did you mean 'train.learning_rate'\?\)",
         ),
-        (["train.epochs=0"], r"'train.epochs' must be >= 1"),
+        (["train.epochs=0"], r"'train.epochs' must be in \[1, 1000000\]"),
         (
             ["model.num_message_passing_steps=two"],
             r"'model.num_message_passing_steps' must be an integer",

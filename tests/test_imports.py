@@ -471,7 +471,8 @@ def test_a_command_applies_its_settings_when_it_starts_and_explicit_values_win()
             "assert cli.main(['train', '--print-config']) == 0"
         )
     )
-    assert seen["changed"] == ["TF_CPU_ALLOCATOR_USE_BFC"]
+    assert seen["changed"] == ["TF_CPU_ALLOCATOR_USE_BFC", "TF_ENABLE_ONEDNN_OPTS"]
+    assert seen["set"]["TF_ENABLE_ONEDNN_OPTS"] == "0"
 
 
 @pytest.mark.slow

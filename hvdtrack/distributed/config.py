@@ -1,4 +1,6 @@
-"""The ``distributed:`` section of a run configuration and its ``stages`` sub-section.
+"""The ``distributed:`` section of a run configuration and its ``stages`` sub-section, and the
+launcher that started this process (``launched_processes``: read by every entry point, before
+any config section is used).
 
 No TensorFlow here: reading a config stays cheap. The code these sections configure lives beside
 them: ``workers`` (the distribution seam), ``stages`` (pipeline parallelism inside a worker).
@@ -7,9 +9,15 @@ them: ``workers`` (the distribution seam), ``stages`` (pipeline parallelism insi
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Optional
+import os
+from typing import Literal, Mapping, Optional
 
 from hvdtrack.configtools import check
+from hvdtrack.errors import ConfigError
+
+# Upper bounds, far above real use, so that a typo is refused by name rather than by the
+# machine (a million logical devices or threads): processes, devices and threads of one host.
+MAX_PER_HOST = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +67,11 @@ class StagesConfig:
                 key,
                 f"must be an integer >= 1, got {value!r}",
             )
+        check(
+            self.micro_batches <= MAX_PER_HOST,
+            "micro_batches",
+            f"must be at most {MAX_PER_HOST}, got {self.micro_batches}",
+        )
 
     def run_info(self) -> Optional[dict[str, int]]:
         """run.json's ``stages``: ``{"num_stages": S, "micro_batches": M}``, None for S == 1."""
@@ -104,6 +117,9 @@ class DistributedConfig:
 
     ``stages`` (``StagesConfig``): each worker runs the model as ``num_stages`` stages over
     ``micro_batches`` micro-batches (1: no stages).
+
+    ``num_cpu_devices``, ``threads_per_worker``, ``backward_passes_per_step`` and
+    ``stages.micro_batches`` are at most ``MAX_PER_HOST`` (4096).
     """
 
     strategy: Literal["local", "horovod", "mirrored", "multiworker"] = "local"
@@ -118,13 +134,18 @@ class DistributedConfig:
     stages: StagesConfig = dataclasses.field(default_factory=StagesConfig)
 
     def __post_init__(self):
-        check(self.backward_passes_per_step >= 1, "backward_passes_per_step", "must be >= 1")
+        most = MAX_PER_HOST
         check(
-            self.threads_per_worker is None or self.threads_per_worker >= 1,
-            "threads_per_worker",
-            "must be >= 1 or null",
+            1 <= self.backward_passes_per_step <= most,
+            "backward_passes_per_step",
+            f"must be in [1, {most}]",
         )
-        check(self.num_cpu_devices >= 1, "num_cpu_devices", "must be >= 1")
+        check(
+            self.threads_per_worker is None or 1 <= self.threads_per_worker <= most,
+            "threads_per_worker",
+            f"must be in [1, {most}] or null",
+        )
+        check(1 <= self.num_cpu_devices <= most, "num_cpu_devices", f"must be in [1, {most}]")
         check(
             self.deadline_s is None or self.deadline_s >= 10,
             "deadline_s",
@@ -145,3 +166,56 @@ class DistributedConfig:
             "compression",
             "fp16 compression is a Horovod option: set distributed.strategy=horovod",
         )
+
+
+# (launcher, its rank variable, its process-count variable), in order: horovodrun --gloo;
+# mpirun / horovodrun --mpi with Open MPI; MPICH / Intel MPI (Hydra) and srun --mpi=pmi2; PMIx
+# (srun --mpi=pmix, which says the count only in SLURM's variable); an srun step. The first one
+# set wins: horovodrun or mpirun inside a SLURM job still see the batch step's SLURM_PROCID
+# (hence SLURM last), and a batch script's own SLURM_NTASKS is the job's size, not a count of
+# started processes (only an srun step sets SLURM_STEP_NUM_TASKS).
+LAUNCHERS = (
+    ("horovodrun", "HOROVOD_RANK", "HOROVOD_SIZE"),
+    ("Open MPI's mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("an MPI launcher (PMI)", "PMI_RANK", "PMI_SIZE"),
+    ("a PMIx launcher", "PMIX_RANK", "SLURM_STEP_NUM_TASKS"),
+    ("srun", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS"),
+)
+
+
+def launched_processes(environ: Mapping[str, str] | None = None) -> tuple[str, int | None] | None:
+    """(launcher, processes it started) when a launcher started this process; else None.
+
+    The launcher is the first of ``LAUNCHERS`` whose rank variable is set; the count is None
+    when it does not say (PMIx outside an srun step). A SLURM batch script's own environment
+    (``SLURM_PROCID`` but no ``SLURM_STEP_NUM_TASKS``: one process, whatever ``SLURM_NTASKS``
+    says) is no launch.
+
+    Raises:
+      ConfigError: a rank variable that is not an integer >= 0, a count not an integer >= 1.
+    """
+    env = os.environ if environ is None else environ
+    for launcher, rank_name, size_name in LAUNCHERS:
+        if not env.get(rank_name, "").strip():
+            continue
+        launcher_number(rank_name, env[rank_name], 0)
+        size = env.get(size_name, "").strip()
+        if size:
+            return launcher, launcher_number(size_name, size, 1)
+        return None if launcher == "srun" else (launcher, None)
+    return None
+
+
+def launcher_number(name: str, value: str, least: int) -> int:
+    """``value`` of launcher variable ``name`` as an integer >= ``least`` (0: a rank, 1: a count).
+
+    Raises:
+      ConfigError: it is not.
+    """
+    value = value.strip()
+    if not value.isdigit() or int(value) < least:
+        what = (
+            "rank is not an integer >= 0" if least == 0 else "process count is not an integer >= 1"
+        )
+        raise ConfigError(f"{name}={value!r}: the launcher's {what}")
+    return int(value)

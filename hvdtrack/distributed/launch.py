@@ -1,5 +1,6 @@
-"""Before training starts: this process's rank, read from the launcher's environment, and the dataset
-prepared on first use - by exactly one rank, before Horovod, MPI or tf.distribute is initialised.
+"""Before training starts: this process's rank and launcher, read from the launcher's environment
+(a strategy that does not fit the launch is refused), and the dataset prepared on first use - by
+exactly one rank, before Horovod, MPI or tf.distribute is initialised.
 
 Forking the preparation's process pool after ``hvd.init`` (or MPI_Init) is unsafe, and a rank that
 waits minutes at a Horovod collective triggers stall warnings; so the rank comes from the
@@ -7,7 +8,7 @@ environment variables the launchers set (nothing is initialised), rank 0 prepare
 ``hvdtrack.prepare.local.prepare_dataset``, and the other ranks poll the file system until it is
 complete.
 
-Public symbols: ``launcher_rank``, ``dataset_status``, ``ensure_dataset``, ``wait_for_dataset``.
+Public symbols: ``launcher_rank``, ``check_start``, ``check_launch``, ``check_memory``, ``read_tf_config``, ``tf_config_tasks``, ``dataset_status``, ``ensure_dataset``, ``wait_for_dataset``.
 """
 
 from __future__ import annotations
@@ -19,15 +20,15 @@ from pathlib import Path
 from typing import Mapping
 
 from hvdtrack.config import Config
+from hvdtrack.distributed.config import LAUNCHERS, launched_processes, launcher_number
 from hvdtrack.errors import ConfigError, DataError
-from hvdtrack.prepare.jobs import PREPARE_INFO, up_to_date
+from hvdtrack.prepare.jobs import PREPARE_INFO, stale_reason, up_to_date
 from hvdtrack.prepare.local import prepare_dataset
-from hvdtrack.records.manifest import MANIFEST_NAME
+from hvdtrack.records.manifest import MANIFEST_NAME, manifest_digest
+from hvdtrack.runs.timing import RUN_INFO_FILE
 
-# In order: horovodrun --gloo; mpirun / horovodrun --mpi with Open MPI; MPICH / Intel MPI (Hydra)
-# and PMIx launchers; srun. The first one set wins (horovodrun or mpirun inside a SLURM job still
-# see the batch step's SLURM_PROCID, hence SLURM last). TF_CONFIG (multiworker) comes after them.
-RANK_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+# The launchers' rank variables in order (``LAUNCHERS``); TF_CONFIG comes after them.
+RANK_VARIABLES = tuple(rank for _, rank, _ in LAUNCHERS)
 POLL_SECONDS = 2.0
 
 
@@ -44,21 +45,138 @@ def launcher_rank(environ: Mapping[str, str] | None = None) -> int:
     for name in RANK_VARIABLES:
         value = env.get(name, "").strip()
         if value:
-            if not value.isdigit():
-                raise ConfigError(f"{name}={value!r}: the launcher's rank is not an integer >= 0")
-            return int(value)
+            return launcher_number(name, value, 0)
     if env.get("TF_CONFIG", "").strip():
         return _tf_config_rank(env["TF_CONFIG"])
     return 0
 
 
-def _tf_config_rank(text: str) -> int:
+def check_launch(config: Config, environ: Mapping[str, str] | None = None) -> None:
+    """Refuses a strategy that does not fit how the processes were launched; call it before
+    anything is written (before the dataset is prepared and the run directory made).
+
+    Several processes (``launched_processes``) must run ``distributed.strategy: horovod``:
+    with any other strategy each would train on its own and all write one run directory. The
+    exception is ``multiworker`` with a well-formed TF_CONFIG cluster of as many tasks, or
+    without TF_CONFIG as the tasks of an srun step (SLURM's resolver makes the cluster). One
+    process is fine.
+
+    Raises:
+      ConfigError: naming the launcher, the process count and the key to set; or a malformed
+        TF_CONFIG (``tf_config_tasks``) with strategy multiworker.
+    """
+    env = os.environ if environ is None else environ
+    strategy = config.distributed.strategy
+    tf_config = env.get("TF_CONFIG", "").strip()
+    tasks = tf_config_tasks(tf_config) if strategy == "multiworker" and tf_config else None
+    launch = launched_processes(env)
+    if launch is None or launch[1] == 1 or strategy == "horovod":
+        return
+    launcher, count = launch
+    srun_step = env.get("SLURM_STEP_NUM_TASKS", "").strip() == str(count)  # all of the step
+    if strategy == "multiworker" and (tasks == count or (not tf_config and srun_step)):
+        return
+    started = f"{count} processes" if count else "several processes (it does not say how many)"
+    if strategy == "multiworker" and tasks is not None:
+        started += f" while TF_CONFIG's cluster has {tasks} tasks"
+    raise ConfigError(
+        f"started by {launcher} as {started}, but 'distributed.strategy' is {strategy}: each "
+        f"process would train on its own, all writing {config.train.run_dir}. Set "
+        "distributed.strategy=horovod, or start one process"
+    )
+
+
+# Bytes one float32 parameter takes in training: the weight, its gradient, Adam's two moments.
+TRAIN_BYTES_PER_PARAMETER = 16
+
+
+def check_start(config: Config, environ: Mapping[str, str] | None = None) -> None:
+    """What ``hvdtrack train`` checks before it writes anything: ``check_launch`` and
+    ``check_memory``."""
+    check_launch(config, environ)
+    check_memory(config)
+
+
+def check_memory(config: Config, memory_bytes: int | None = None) -> None:
+    """Refuses a model whose weights, gradients and Adam state alone (``TRAIN_BYTES_PER_PARAMETER``
+    a parameter; activations come on top) exceed this machine's memory (``memory_bytes``:
+    its physical memory), naming the model key that holds most of them.
+
+    Raises:
+      ConfigError: the model does not fit.
+    """
+    from hvdtrack.model.cost import linear_layers, num_parameters
+    from hvdtrack.records.schema import EDGE_FEATURE_SIZE, NODE_FEATURE_SIZE
+
+    total = _physical_memory() if memory_bytes is None else memory_bytes
+    widths = (config.model, NODE_FEATURE_SIZE, EDGE_FEATURE_SIZE)
+    need = TRAIN_BYTES_PER_PARAMETER * num_parameters(*widths)
+    if not total or need <= total:
+        return
+    by_module: dict[str, int] = {}
+    for layer in linear_layers(*widths):
+        by_module[layer.module] = by_module.get(layer.module, 0) + layer.fan_in * layer.fan_out
+    largest = max(by_module, key=by_module.get)
+    key = "output_head" if largest == "edge_output" else largest
+    raise ConfigError(
+        f"'model.{key}' {list(getattr(config.model, key))}: the model has "
+        f"{num_parameters(*widths):,} parameters, whose weights, gradients and Adam state take "
+        f"{need / 2**30:.1f} GiB, more than this machine's {total / 2**30:.1f} GiB of memory; "
+        "use smaller model layer sizes"
+    )
+
+
+def _physical_memory() -> int | None:
+    """Bytes of physical memory; None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+def read_tf_config(text: str) -> tuple[dict, dict]:
+    """TF_CONFIG's (cluster, task) mappings, each {} when not given.
+
+    Raises:
+      ConfigError: not JSON, or not of the form {"cluster": {...}, "task": {...}}.
+    """
     try:
         spec = json.loads(text)
     except json.JSONDecodeError as err:
         raise ConfigError(f"TF_CONFIG is not valid JSON ({err})") from None
-    task = spec.get("task") or {}
-    cluster = spec.get("cluster") or {}
+    if not isinstance(spec, dict):
+        raise ConfigError(f"TF_CONFIG must be a JSON object with cluster and task, got {text!r}")
+    cluster, task = spec.get("cluster") or {}, spec.get("task") or {}
+    if not isinstance(cluster, dict) or not isinstance(task, dict):
+        raise ConfigError("TF_CONFIG's cluster and task must be JSON objects")
+    return cluster, task
+
+
+def tf_config_tasks(text: str) -> int:
+    """The tasks of TF_CONFIG's cluster that train (chief and workers); refuses a cluster that
+    is not well formed: no worker lists, or this task's type or index not in them.
+
+    Raises:
+      ConfigError: naming what is wrong.
+    """
+    cluster, task = read_tf_config(text)
+    jobs = {job: cluster.get(job) for job in ("chief", "worker") if job in cluster}
+    if not jobs or not all(isinstance(hosts, list) and hosts for hosts in jobs.values()):
+        raise ConfigError(
+            'TF_CONFIG\'s cluster needs a non-empty "worker" (and optionally "chief") list of '
+            f"host:port addresses, got {json.dumps(cluster)}"
+        )
+    kind, index = task.get("type"), task.get("index")
+    if kind not in jobs or not isinstance(index, int) or not 0 <= index < len(jobs[kind]):
+        raise ConfigError(
+            f"TF_CONFIG's task {json.dumps(task)} is not one of its cluster's "
+            + ", ".join(f"{job} 0..{len(hosts) - 1}" for job, hosts in jobs.items())
+        )
+    return sum(len(hosts) for hosts in jobs.values())
+
+
+def _tf_config_rank(text: str) -> int:
+    cluster, task = read_tf_config(text)
     kind, index = task.get("type", "worker"), int(task.get("index", 0))
     chiefs, workers = len(cluster.get("chief", [])), len(cluster.get("worker", []))
     if kind == "chief":
@@ -71,7 +189,7 @@ def _tf_config_rank(text: str) -> int:
 def dataset_status(config: Config) -> str:
     """``ready`` (built by ``hvdtrack prepare`` from this data config), ``foreign`` (a dataset with
     no ``prepare.json``, e.g. from ``records.write_dataset``: used as it is), ``missing`` (absent
-    or an empty directory), ``stale`` (built from another data config, or incomplete), ``other``
+    or an empty directory), ``stale`` (out of date: ``stale_reason`` says why), ``other``
     (a directory holding something else, which is never replaced)."""
     target = Path(config.data.dataset_dir)
     if not target.exists():
@@ -91,7 +209,8 @@ def ensure_dataset(
 ) -> str:
     """Makes sure ``config.data.dataset_dir`` holds this config's dataset before training.
 
-    Rank 0 prepares a missing or stale dataset (saying so); the other ranks wait for it, at most
+    Rank 0 prepares a missing or stale dataset (saying why), unless ``train.run_dir`` holds a
+    run to resume that was trained on it (refused first); the other ranks wait for it, at most
     ``data.prepare_timeout_s``. Call it before anything initialises Horovod / MPI / TensorFlow's
     distribution. Returns the status it found (see ``dataset_status``).
 
@@ -116,12 +235,38 @@ def ensure_dataset(
     if rank != 0:
         wait_for_dataset(config, config.data.prepare_timeout_s, poll_seconds, rank)
         return status
-    reason = "not found" if status == "missing" else "is out of date (another data config)"
+    reason = "not found" if status == "missing" else f"is out of date: {stale_reason(config)}"
+    _refuse_rebuild_under_resume(config, reason)
     _say(f"dataset {target} {reason}: preparing it ({_what(config)}) ...")
     started = time.perf_counter()
     prepare_dataset(config, progress=config.train.progress_bar)
     _say(f"dataset {target} prepared in {time.perf_counter() - started:.1f} s")
     return status
+
+
+def _refuse_rebuild_under_resume(config: Config, reason: str) -> None:
+    """Refuses, before anything is replaced, to rebuild the dataset a run to be resumed was
+    trained on (its ``run.json`` records that manifest's digest): the resume would be refused
+    once the dataset had changed, and the old dataset would be gone."""
+    run_dir = Path(config.train.run_dir)
+    manifest = Path(config.data.dataset_dir) / MANIFEST_NAME
+    if not (config.train.resume and (run_dir / RUN_INFO_FILE).is_file() and manifest.is_file()):
+        return
+    if config.train.allow_changed_config:
+        return
+    try:
+        trained_on = json.loads((run_dir / RUN_INFO_FILE).read_text()).get("dataset_digest")
+        digest = manifest_digest(config.data.dataset_dir)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return  # the resume check itself says what is wrong with the run
+    if trained_on == digest:
+        raise ConfigError(
+            f"train.run_dir {run_dir} resumes a run trained on data.dataset_dir "
+            f"{config.data.dataset_dir} (manifest digest {digest}), which {reason}; rebuilding "
+            "it would make the resume impossible, so nothing was changed. Use another "
+            "data.dataset_dir or train.run_dir, train.resume=false to start afresh, or run "
+            "hvdtrack prepare first if the dataset is to be replaced"
+        )
 
 
 def wait_for_dataset(

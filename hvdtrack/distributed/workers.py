@@ -17,7 +17,6 @@ Threads and cores of the workers: ``hvdtrack.distributed.cores``. Public symbols
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import socket
@@ -418,10 +417,9 @@ def _mirrored_devices(num_cpu_devices: int) -> list[str]:
 def _cluster_resolver():
     resolver_cls = tf.distribute.cluster_resolver
     if "TF_CONFIG" in os.environ:
-        try:
-            json.loads(os.environ["TF_CONFIG"])
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"TF_CONFIG is not valid JSON ({err})") from None
+        from hvdtrack.distributed.launch import tf_config_tasks
+
+        tf_config_tasks(os.environ["TF_CONFIG"])  # a one-line error for a malformed cluster
         return resolver_cls.TFConfigClusterResolver()
     if "SLURM_PROCID" in os.environ:
         if tf.config.list_physical_devices("GPU"):

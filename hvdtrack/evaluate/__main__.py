@@ -6,7 +6,11 @@ them against the events' truth (TrackML score, track efficiency, fake and duplic
 efficiency vs pT and eta), and writes into ``RUN/evaluate-SPLIT/``: ``metrics.json``, PNG plots
 (ROC, score distributions, efficiency vs pT and eta) and the chain builder's TrackML submission of
 each event (``submissions/event000001000-submission.csv``: event_id, hit_id, track_id); the
-scalars and plots also go to ``RUN/tensorboard`` under ``evaluate/SPLIT/``.
+scalars and plots also go to ``RUN/tensorboard`` under ``evaluate/SPLIT/``. ``--output DIR``
+writes all of it into DIR instead (DIR/tensorboard), e.g. for a read-only run directory; an
+output that cannot be written is refused before scoring. ``--threshold`` must lie in (0, 1).
+A run whose run.json says it has not finished is evaluated with a warning naming its status
+and the checkpoint's step.
 
 Two TrackML scores are reported: ``trackml_score`` is TrackML's, over every hit of the event
 (hits outside the graphs, e.g. below the pT cut or outside the barrel, count as missed), and
@@ -65,12 +69,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "--min-hits", type=int, default=5, help="hits of a reconstructable particle"
     )
     parser.add_argument("--min-track-hits", type=int, default=3, help="shorter tracks are dropped")
+    parser.add_argument(
+        "--output",
+        default=None,
+        metavar="DIR",
+        help="where to write (default: RUN/evaluate-SPLIT, TensorBoard records into "
+        "RUN/tensorboard); given, everything goes into DIR: for a run directory that is "
+        "read-only",
+    )
     args = parser.parse_args(argv)
-    from hvdtrack.evaluate.run import evaluate_run  # TensorFlow, after the command's settings
+    from hvdtrack.evaluate.run import evaluate_run, unfinished_warning  # TensorFlow, after argparse
 
+    warning = unfinished_warning(args.run, args.checkpoint)
+    if warning:
+        print(f"hvdtrack: {warning}", file=sys.stderr, flush=True)
     result = evaluate_run(
         args.run, args.split, args.checkpoint, args.dataset_dir, args.threshold,
-        args.pt_min, args.min_hits, args.min_track_hits,
+        args.pt_min, args.min_hits, args.min_track_hits, args.output,
     )  # fmt: skip
     print("\n".join(summary_lines(result)), flush=True)
     return 0

@@ -2,12 +2,15 @@
 
 The evaluation command (edge and track metrics, plots) is ``python -m hvdtrack.evaluate``.
 
-Public symbols: ``load_classifier``, ``to_graphs_tuple``, ``score_graphs``, ``graph_scorer``,
+Public symbols: ``check_threshold``, ``check_output``, ``load_classifier``, ``to_graphs_tuple``, ``score_graphs``, ``graph_scorer``,
 ``score_split``, ``evaluate_split``.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import tempfile
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
@@ -23,6 +26,40 @@ from hvdtrack.model import metrics as metrics_lib
 from hvdtrack.model.classifier import SegmentClassifier
 from hvdtrack.records.manifest import Manifest, open_dataset
 from hvdtrack.records.shards import read_split_graphs
+
+
+def check_threshold(value: Optional[float], option: str = "--threshold") -> None:
+    """Refuses an edge score threshold outside (0, 1) or not finite (None: the default).
+
+    Raises:
+      ConfigError: naming ``option`` and the value.
+    """
+    if value is not None and not (math.isfinite(value) and 0.0 < value < 1.0):
+        raise ConfigError(f"{option} must be a number between 0 and 1 (exclusive), got {value}")
+
+
+def check_output(path: Path, option: str) -> None:
+    """Refuses, before any work, an output directory that cannot be written: a file is made
+    and removed in its nearest existing folder (this catches read-only mounts and immutable
+    folders, which permission bits do not show to root).
+
+    Raises:
+      ConfigError: naming the path and ``option``, the way to write elsewhere.
+    """
+    path = Path(path)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".hvdtrack-probe-")
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise ConfigError(
+            f"cannot write {path} ({existing}: {reason}) - give {option} DIR to write the "
+            "results elsewhere"
+        ) from None
+    os.close(fd)
+    os.remove(probe)
 
 
 def load_classifier(

@@ -61,15 +61,16 @@ def write_figures(out: Path, figures: Mapping[str, bytes]) -> None:
 
 
 def write_tensorboard(
-    run_dir: Path,
+    directory: Path,
     split: str,
     step: int,
     edges: Mapping[str, float],
     tracks: Mapping[str, dict],
     figures: Mapping[str, bytes],
 ) -> None:
-    """Edge and track scalars and the figures into ``run_dir/tensorboard`` at ``step``."""
-    with tf.summary.create_file_writer(str(run_dir / "tensorboard")).as_default(step=step):
+    """Edge and track scalars and the figures into the TensorBoard log ``directory`` at
+    ``step``."""
+    with tf.summary.create_file_writer(str(directory)).as_default(step=step):
         prefix = f"evaluate/{split}"
         for key in ("auc", "efficiency", "purity"):
             tf.summary.scalar(f"{prefix}/edge_{key}", edges[key])

@@ -9,13 +9,14 @@ pT cut, as long as its graphs' features are the run's (``dataset_data``); its tr
 come from its own ``prepare.json``.
 
 Public symbols: ``ScoredSplit``, ``open_run``, ``dataset_data``, ``score_events``,
-``evaluate_run``.
+``unfinished_warning``, ``evaluate_run``.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import time
 from pathlib import Path
 from typing import Optional
@@ -25,11 +26,12 @@ import numpy as np
 from hvdtrack.config import Config, DataConfig
 from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.evaluate import outputs, tracking
-from hvdtrack.evaluate.inference import load_classifier, score_split
+from hvdtrack.evaluate.inference import check_output, check_threshold, load_classifier, score_split
 from hvdtrack.model import metrics as edge_lib
 from hvdtrack.model.classifier import SegmentClassifier
 from hvdtrack.prepare.jobs import PREPARE_INFO, prepared_data
 from hvdtrack.records.manifest import Manifest, open_dataset
+from hvdtrack.runs.timing import RUN_INFO_FILE
 from hvdtrack.tracks import building
 from hvdtrack.utils.io import write_json
 
@@ -119,6 +121,22 @@ def score_events(
     return ScoredSplit(by_event, scores, labels, edges)
 
 
+def unfinished_warning(run_dir: Path, checkpoint: str) -> Optional[str]:
+    """A warning when ``run.json`` says the run has not finished (running, stopped, failed):
+    its checkpoint is not the trained model's last. None for a finished run or no run.json."""
+    try:
+        status = json.loads((Path(run_dir) / RUN_INFO_FILE).read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if status in (None, "finished"):
+        return None
+    step = outputs.checkpoint_step(Path(run_dir), checkpoint)
+    return (
+        f"warning: run {run_dir} has not finished ({RUN_INFO_FILE} status: {status}); "
+        f"evaluating its '{checkpoint}' checkpoint of step {step}"
+    )
+
+
 def evaluate_run(
     run_dir: str | Path,
     split: str = "test",
@@ -128,6 +146,7 @@ def evaluate_run(
     pt_min: Optional[float] = None,
     min_hits: int = 5,
     min_track_hits: int = 3,
+    output: Optional[str | Path] = None,
 ) -> dict:
     """Evaluates a run on a split and writes ``RUN/evaluate-SPLIT/`` (see ``hvdtrack.evaluate``).
 
@@ -141,25 +160,31 @@ def evaluate_run(
       pt_min: reconstructable particles have pT > pt_min (default: the graphs' pT cut) ...
       min_hits: ... and at least this many hits in the graphs.
       min_track_hits: tracks of fewer hits are dropped.
+      output: where to write (default ``RUN/evaluate-SPLIT``, and the TensorBoard records into
+        ``RUN/tensorboard``; given: both into it, so a read-only run can be evaluated).
 
     Returns:
       The metrics written to ``metrics.json``.
 
     Raises:
-      ConfigError: no run directory, config or checkpoint; DataError: no such split, damaged
+      ConfigError: no run directory, config or checkpoint; a threshold outside (0, 1); an
+      output that cannot be written (checked before scoring); DataError: no such split, damaged
       records, a dataset the model cannot take, or truth that does not fit the graphs.
     """
     started = time.perf_counter()
+    check_threshold(threshold)
     run_dir = Path(run_dir)
     model, config, data, manifest = open_run(run_dir, checkpoint, dataset_dir, split)
     threshold = config.train.thresholds[0] if threshold is None else threshold
     pt_min = data.graph.pt_min if pt_min is None else pt_min
-    scored = score_events(model, config, data, manifest, split, threshold)
-
     # Another dataset's evaluation goes beside the run's own, never over it.
     own = Path(data.dataset_dir).resolve() == Path(config.data.dataset_dir).resolve()
     name = split if own else f"{Path(data.dataset_dir).resolve().name}-{split}"
-    out = run_dir / f"evaluate-{name}"
+    out = run_dir / f"evaluate-{name}" if output is None else Path(output)
+    board = run_dir / "tensorboard" if output is None else out / "tensorboard"
+    for target in (out, board):
+        check_output(target, "--output")
+    scored = score_events(model, config, data, manifest, split, threshold)
     (out / "submissions").mkdir(parents=True, exist_ok=True)
     limits = (threshold, pt_min, min_hits, min_track_hits)
     tracks = tracking.evaluate_tracks(scored.by_event, data, *limits, out / "submissions")
@@ -184,7 +209,7 @@ def evaluate_run(
         scored.scores, scored.labels, scored.edges, tracks, threshold, title
     )
     outputs.write_figures(out, figures)
-    outputs.write_tensorboard(run_dir, name, result["step"], scored.edges, tracks, figures)
+    outputs.write_tensorboard(board, name, result["step"], scored.edges, tracks, figures)
     result["seconds"] = round(time.perf_counter() - started, 2)
     write_json(out / "metrics.json", result)
     return result

@@ -99,8 +99,9 @@ class SyntheticConfig:
     barrel_only: bool = False
 
     def __post_init__(self) -> None:
-        check(self.num_particles >= 0, "num_particles", "must be >= 0")
-        check(self.num_vertices >= 1, "num_vertices", "must be >= 1")
+        # Upper bounds far above the default's pile-up 200 (6,000 particles, 200 vertices).
+        check(0 <= self.num_particles <= 1_000_000, "num_particles", "must be in [0, 1000000]")
+        check(1 <= self.num_vertices <= 100_000, "num_vertices", "must be in [1, 100000]")
         check(self.pt_min > 0, "pt_min", "must be > 0 (GeV)")
         check(self.pt_max > self.pt_min, "pt_max", "must be > pt_min")
         check(self.pt_tsallis_n > 2, "pt_tsallis_n", "must be > 2")

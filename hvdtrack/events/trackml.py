@@ -8,7 +8,7 @@ A dataset's geometry is one ``detectors.csv`` per directory (``write_detectors``
 ``read_detectors``).
 
 Public symbols: ``Event``, ``COLUMNS``, ``OPTIONAL_COLUMNS``, ``DETECTORS_COLUMNS``, ``PARTS``,
-``DETECTORS_FILE``, ``empty_frame``, ``find_events``, ``read_event``, ``write_event``,
+``DETECTORS_FILE``, ``VALUE_RANGES``, ``empty_frame``, ``find_events``, ``read_event``, ``write_event``,
 ``event_id_from_prefix``, ``write_detectors``, ``read_detectors``.
 """
 
@@ -101,6 +101,27 @@ DETECTORS_COLUMNS: dict[str, str] = {
     },
 }
 
+# The values a real event can hold, per part and column (missing: any finite value of its dtype).
+# Generous: hit positions within 10 m of the beam line and interaction point (the TrackML
+# tracker fits in r < 1.1 m, |z| < 3 m), momenta below 100 TeV, TrackML weights in [0, 1]. A
+# value beyond them is damage or garbage, and a position would become a node feature of 1e35.
+# (Particle vertices are not bounded: a decay may lie anywhere.)
+_MM, _GEV = 1e4, 1e5
+VALUE_RANGES: dict[str, dict[str, tuple[float, float]]] = {
+    "hits": {"hit_id": (0, np.inf), "x": (-_MM, _MM), "y": (-_MM, _MM), "z": (-_MM, _MM)},
+    "truth": {
+        "hit_id": (0, np.inf),
+        "particle_id": (0, np.inf),
+        **{c: (-_MM, _MM) for c in ("tx", "ty", "tz")},  # tpx..: noise rows hold anything
+        "weight": (0.0, 1.0),
+    },
+    "particles": {
+        "particle_id": (0, np.inf),
+        **{c: (-_GEV, _GEV) for c in ("px", "py", "pz")},
+        "nhits": (0, np.inf),
+    },
+    "cells": {"hit_id": (0, np.inf), "ch0": (0, np.inf), "ch1": (0, np.inf)},
+}
 _PREFIX_RE = re.compile(r"event(\d+)$")
 _HITS_FILE_RE = re.compile(r"^(event\d+)-hits\.csv(\.gz)?$")
 PathLike = Union[str, "os.PathLike[str]"]
@@ -186,8 +207,8 @@ def read_event(
     Raises:
       DataError: naming the file (and the CSV line of the first bad row) for a missing or
         unreadable/truncated file, a missing column, a missing, non-numeric or non-finite value,
-        an empty hits file, duplicate ids, an unknown (volume_id, layer_id) pair, or truth
-        hit_ids that do not match the hits.
+        a value outside ``VALUE_RANGES``, an empty hits file, duplicate ids, an unknown
+        (volume_id, layer_id) pair, or truth hit_ids that do not match the hits.
     """
     unknown = set(parts) - set(PARTS[:3])
     if unknown:
@@ -355,6 +376,7 @@ def _read_part(path: Path, part: str) -> pd.DataFrame:
     for name, dtype in columns.items():
         if name in frame.columns:
             data[name] = _checked_column(path, name, frame[name], dtype)
+            _check_range(path, name, data[name], VALUE_RANGES[part].get(name))
         else:
             data[name] = np.full(len(frame), defaults[name], dtype=dtype)
     return pd.DataFrame(data)
@@ -388,8 +410,8 @@ def _checked_column(path: Path, name: str, column: pd.Series, dtype: str) -> np.
                     f"{path}: line {row + 2}: column '{name}' must be an integer, "
                     f"got {values[row]}"
                 )
-    if dtype.startswith("int"):
-        limits = np.iinfo(dtype)
+    if dtype.startswith("int") or dtype == "float32":
+        limits = np.iinfo(dtype) if dtype.startswith("int") else np.finfo(dtype)
         bad = (values < limits.min) | (values > limits.max)
         if bad.any():
             row = int(np.argmax(bad))
@@ -397,6 +419,20 @@ def _checked_column(path: Path, name: str, column: pd.Series, dtype: str) -> np.
                 f"{path}: line {row + 2}: column '{name}' value {values[row]} does not fit {dtype}"
             )
     return values.astype(dtype, copy=False)
+
+
+def _check_range(path: Path, name: str, values: np.ndarray, bounds) -> None:
+    """DataError naming the file, line and column of the first value outside ``bounds``."""
+    if bounds is None:
+        return
+    low, high = bounds
+    bad = (values < low) | (values > high)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise DataError(
+            f"{path}: line {row + 2}: column '{name}' has the value {values[row]:g}, outside "
+            f"[{low:g}, {high:g}] (no real event holds it: the file is damaged or not TrackML)"
+        )
 
 
 def _first_duplicate(values: np.ndarray) -> int | None:

@@ -20,7 +20,7 @@ import tensorflow as tf
 from graph_nets import graphs as gn_graphs
 
 from hvdtrack.errors import ConfigError
-from hvdtrack.evaluate.inference import load_classifier
+from hvdtrack.evaluate.inference import check_output, load_classifier
 from hvdtrack.model.norm import plain_ops
 from hvdtrack.records.schema import EDGE_FEATURE_SIZE, NODE_FEATURE_SIZE
 from hvdtrack.utils.io import Staged, write_json
@@ -72,10 +72,12 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str = "best") -
     place) and returns what ``EXPORT_INFO`` records.
 
     Raises:
-      ConfigError: no run or checkpoint (``load_classifier``), or a traced graph that still
+      ConfigError: no run or checkpoint (``load_classifier``), a folder of ``out`` that cannot
+        be written (checked first), or a traced graph that still
         holds a custom op (the export would not load elsewhere).
     """
     out = Path(out)
+    check_output(out.parent, "--out")  # written beside, then renamed: before any work
     model, config = load_classifier(run_dir, checkpoint)
     serving = _Serving(model)
     with plain_ops():

@@ -37,6 +37,10 @@ from hvdtrack.graphs.truth import (
 )
 
 _TWO_PI = 2.0 * np.pi
+# Candidate pairs (before the segment cuts) allowed per edge of ``GraphConfig.max_edges``: a
+# bound on the candidates' memory, counted before they are allocated. Synthetic events give
+# about 1.25 per edge that passes the cuts (barrel or whole detector, pT > 0 to 1 GeV).
+CANDIDATES_PER_EDGE = 4
 # The GraphConfig keys that define the node and edge features: a model trained on graphs built
 # with other values would read other numbers (``GraphConfig.feature_scales``).
 FEATURE_SCALES = (
@@ -60,6 +64,10 @@ class GraphConfig:
       eta_max: eta range of the sections.
       r_scale, phi_scale, z_scale: node features are [r / r_scale, phi / phi_scale, z / z_scale].
       dr_scale, dphi_scale, dz_scale, deta_scale: edge features are [dr / dr_scale, ...].
+      max_edges: the most edges one graph may have; a section with more is refused (naming
+        the event and the section) before its features are made. Real TrackML events give at
+        most a few 10^5 per graph; more means implausible hits or far too loose cuts, and a
+        graph a model could not train on in memory. It does not change a dataset.
     """
 
     pt_min: float = 1.0
@@ -76,6 +84,7 @@ class GraphConfig:
     dphi_scale: float = math.pi
     dz_scale: float = 1000.0
     deta_scale: float = 1.0
+    max_edges: int = 5_000_000
 
     def __post_init__(self) -> None:
         check(self.pt_min >= 0, "pt_min", "must be >= 0 (GeV; 0 keeps all hits)")
@@ -84,6 +93,7 @@ class GraphConfig:
         check(self.n_phi_sections >= 1, "n_phi_sections", "must be >= 1")
         check(self.n_eta_sections >= 1, "n_eta_sections", "must be >= 1")
         check(self.eta_max > 0, "eta_max", "must be > 0")
+        check(self.max_edges >= 1, "max_edges", "must be >= 1")
         for key in FEATURE_SCALES:
             check(getattr(self, key) > 0, key, "must be > 0")
 
@@ -196,13 +206,13 @@ def build_hit_graphs_counting_lost(
     """
     hits = select_hits(event, cfg)
     adjacency = layer_adjacency(cfg.barrel_only)
-    senders, receivers = find_candidate_pairs(
-        hits.layer, hits.r, hits.phi, hits.z, adjacency, cfg.phi_slope_max, cfg.z0_max
-    )
+    senders, receivers = _candidate_pairs(event.event_id, hits, adjacency, cfg)
     keep = segment_cut_mask(
         hits.r, hits.phi, hits.z, senders, receivers, cfg.phi_slope_max, cfg.z0_max
     )
     senders, receivers = senders[keep], receivers[keep]
+    section = hit_sections(hits.phi, hits.eta, cfg)
+    _check_edge_count(event.event_id, section[senders], cfg)
     order = np.argsort(senders * len(hits) + receivers, kind="stable")
     senders, receivers = senders[order], receivers[order]
 
@@ -214,7 +224,6 @@ def build_hit_graphs_counting_lost(
     nodes = np.stack(
         [hits.r / cfg.r_scale, hits.phi / cfg.phi_scale, hits.z / cfg.z_scale], axis=1
     ).astype(np.float32)
-    section = hit_sections(hits.phi, hits.eta, cfg)
     lost = np.bincount(section, weights=lost_per_hit, minlength=cfg.num_sections)
     graphs = split_into_sections(
         event.event_id,
@@ -368,6 +377,42 @@ def split_into_sections(
 
 
 # ------------------------------------------------------------------------------------ internals
+def _candidate_pairs(
+    event_id: int, hits: SelectedHits, adjacency: np.ndarray, cfg: GraphConfig
+) -> tuple[np.ndarray, np.ndarray]:
+    """``find_candidate_pairs`` of the selected hits, refused (DataError) before allocation
+    when there are more than ``CANDIDATES_PER_EDGE`` per edge ``cfg.max_edges`` allows."""
+    max_pairs = CANDIDATES_PER_EDGE * cfg.max_edges * cfg.num_sections
+    try:
+        return find_candidate_pairs(
+            hits.layer, hits.r, hits.phi, hits.z, adjacency, cfg.phi_slope_max, cfg.z0_max,
+            max_pairs,
+        )  # fmt: skip
+    except DataError:
+        raise DataError(
+            f"event {event_id}: more than {max_pairs} candidate hit pairs before the cuts "
+            f"({CANDIDATES_PER_EDGE} per edge data.graph.max_edges={cfg.max_edges} allows in "
+            f"each of {cfg.num_sections} sections) - {_TOO_MANY}"
+        ) from None
+
+
+def _check_edge_count(event_id: int, edge_section: np.ndarray, cfg: GraphConfig) -> None:
+    """Refuses an event with a section of more than ``cfg.max_edges`` edges (DataError)."""
+    counts = np.bincount(edge_section, minlength=cfg.num_sections)
+    if counts.max(initial=0) > cfg.max_edges:
+        section = int(np.argmax(counts))
+        raise DataError(
+            f"event {event_id}, section {section}: {counts[section]} edges, more than "
+            f"data.graph.max_edges={cfg.max_edges} - {_TOO_MANY}"
+        )
+
+
+_TOO_MANY = (
+    "are its hits plausible (positions, layers)? Tighten the cuts or add sections "
+    "(data.graph.n_phi_sections), or raise data.graph.max_edges if the machine has the memory"
+)
+
+
 def _in_region(layer: np.ndarray, cfg: GraphConfig) -> np.ndarray:
     """bool [N]: the hits of the graphs' region (the barrel layers when ``cfg.barrel_only``)."""
     return detector.LAYER_IS_BARREL[layer] if cfg.barrel_only else np.ones(len(layer), bool)

@@ -15,6 +15,7 @@ import functools
 
 import numpy as np
 
+from hvdtrack.errors import DataError
 from hvdtrack.events import detector
 
 _TWO_PI = 2.0 * np.pi
@@ -43,6 +44,7 @@ def find_candidate_pairs(
     adjacency: np.ndarray,
     phi_slope_max: float,
     z0_max: float,
+    max_pairs: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Candidate (inner, outer) hit pairs on adjacent layers that may pass the segment cuts.
 
@@ -59,21 +61,26 @@ def find_candidate_pairs(
       r, phi, z: float64 [N] hit coordinates (phi in [-pi, pi]).
       adjacency: int [P, 2] (inner, outer) layer pairs.
       phi_slope_max: rad/mm; z0_max: mm.
+      max_pairs: the most candidates to allocate (None: no bound).
 
     Returns:
       (senders, receivers): int64 [C] hit indices, inner and outer.
+
+    Raises:
+      DataError: more than ``max_pairs`` candidates, counted before they are allocated.
     """
     order = np.argsort(layer, kind="stable")
     num_layers = max(int(adjacency.max(initial=-1)), int(layer.max(initial=-1))) + 1
     bounds = np.searchsorted(layer[order], np.arange(num_layers + 1))
     senders, receivers = [], []
+    budget = np.inf if max_pairs is None else max_pairs
     for inner, outer in adjacency:
         a = order[bounds[inner] : bounds[inner + 1]]
         b = order[bounds[outer] : bounds[outer + 1]]
         if len(a) and len(b):
-            pair = _candidates_between(
-                a, b, r, phi, z, bool(detector.LAYER_IS_BARREL[outer]), phi_slope_max, z0_max
-            )
+            barrel = bool(detector.LAYER_IS_BARREL[outer])
+            pair = _candidates_between(a, b, r, phi, z, barrel, phi_slope_max, z0_max, budget)
+            budget -= len(pair[0])
             senders.append(pair[0])
             receivers.append(pair[1])
     if not senders:
@@ -124,6 +131,7 @@ def _candidates_between(
     outer_is_barrel: bool,
     phi_slope_max: float,
     z0_max: float,
+    budget: float = np.inf,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Candidates from inner hits ``a`` to outer hits ``b`` (one layer pair); see
     ``find_candidate_pairs``."""
@@ -154,7 +162,7 @@ def _candidates_between(
         num_bins,
     )
     base = bin_index * _BIN_STRIDE + phi[a][inner] + 3.0 * np.pi
-    count, position = _phi_window_matches(keys, base, half_width[inner])
+    count, position = _phi_window_matches(keys, base, half_width[inner], budget)
     return np.repeat(a[inner], count), key_hit[position]
 
 
@@ -238,10 +246,11 @@ def _spanned_bins(
 
 
 def _phi_window_matches(
-    keys: np.ndarray, base: np.ndarray, w: np.ndarray
+    keys: np.ndarray, base: np.ndarray, w: np.ndarray, budget: float = np.inf
 ) -> tuple[np.ndarray, np.ndarray]:
     """Keys within [base - w, base + w] of each query [S]: the count per query, int64 [S], and
-    the matched keys' positions, grouped by query, int64 [sum of counts]."""
+    the matched keys' positions, grouped by query, int64 [sum of counts]; DataError when that
+    sum exceeds ``budget`` (before the positions are allocated)."""
     full = w >= np.pi
     # Closed window [phi - w, phi + w]; a full turn is taken half-open so no hit comes twice.
     start = np.searchsorted(keys, np.where(full, base - np.pi, base - w), side="left")
@@ -252,6 +261,8 @@ def _phi_window_matches(
     )
     count = np.maximum(stop - start, 0)
     total = int(count.sum())
+    if total > budget:
+        raise DataError(f"more candidate hit pairs than the {budget:g} still allowed")
     position = np.repeat(start - (np.cumsum(count) - count), count) + np.arange(total)
     return count, position
 

@@ -13,6 +13,12 @@ ACTIVATION_NAMES = ("relu", "tanh", "elu")
 # Compute dtypes of ``model.precision`` (variables, gradients and optimizer stay float32).
 PRECISIONS = ("float32", "bfloat16", "float16")
 
+# Upper bounds, far above real use (the studies: widths 128, 2 layers, 8 steps), so that a typo
+# (an extra zero or three) is refused by name rather than found by the out-of-memory killer.
+MAX_LAYER_WIDTH = 16384
+MAX_LAYERS = 64
+MAX_MESSAGE_PASSING_STEPS = 128
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -41,6 +47,11 @@ class ModelConfig:
       precision: compute dtype of the model: "float32", "bfloat16" (CPUs with AVX512-BF16 or
         AMX, and GPUs) or "float16" (GPUs; the trainer scales the loss). Variables, gradients,
         optimizer and the returned logits stay float32; layer norm statistics are float32.
+
+    Bounds: at most ``MAX_LAYERS`` (64) sizes per MLP, each at most ``MAX_LAYER_WIDTH``
+    (16384), and at most ``MAX_MESSAGE_PASSING_STEPS`` (128) steps. ``hvdtrack train`` also
+    refuses a model whose weights and optimizer state do not fit the machine's memory
+    (``hvdtrack.distributed.launch.check_memory``).
     """
 
     node_encoder: tuple[int, ...] = (128, 64)
@@ -67,6 +78,12 @@ class ModelConfig:
                 f"sizes must be integers > 0, got {list(sizes)}",
             )
             check(key == "output_head" or len(sizes) > 0, key, "must list at least one layer size")
+            check(
+                len(sizes) <= MAX_LAYERS and max(sizes, default=0) <= MAX_LAYER_WIDTH,
+                key,
+                f"must list at most {MAX_LAYERS} sizes of at most {MAX_LAYER_WIDTH} each, "
+                f"got {_short(sizes)}",
+            )
         check(
             self.edge_update[-1] == self.edge_encoder[-1],
             "edge_update",
@@ -84,6 +101,11 @@ class ModelConfig:
             isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1,
             "num_message_passing_steps",
             f"must be an integer >= 1, got {steps!r}",
+        )
+        check(
+            steps <= MAX_MESSAGE_PASSING_STEPS,
+            "num_message_passing_steps",
+            f"must be at most {MAX_MESSAGE_PASSING_STEPS}, got {steps}",
         )
         for key in ("layer_norm", "output_every_step", "factorized_edge_update", "recompute"):
             check(isinstance(getattr(self, key), bool), key, "must be true or false")
@@ -105,3 +127,10 @@ class ModelConfig:
     @property
     def edge_latent_size(self) -> int:
         return self.edge_encoder[-1]
+
+
+def _short(sizes: tuple[int, ...]) -> str:
+    """``sizes`` for a message: the list, or its length and largest size when it is long."""
+    if len(sizes) <= 8:
+        return str(list(sizes))
+    return f"{len(sizes)} sizes up to {max(sizes)}"

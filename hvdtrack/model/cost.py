@@ -20,11 +20,12 @@ Public symbols: ``Linear``, ``linear_layers``, ``step_matmuls``, ``num_parameter
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, Sequence
-
-import tensorflow as tf
+from typing import TYPE_CHECKING, Literal, Sequence
 
 from hvdtrack.model.config import ModelConfig
+
+if TYPE_CHECKING:  # TensorFlow only for built modules: the counts from a config stay cheap
+    import tensorflow as tf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +173,8 @@ def gradient_bytes(module: tf.Module) -> int:
 
 
 def _trainable(module: tf.Module) -> Sequence:
+    import tensorflow as tf
+
     if not isinstance(module, tf.Module):
         raise TypeError(f"expected a Sonnet module, got {type(module).__name__}")
     try:

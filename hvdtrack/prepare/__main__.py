@@ -7,7 +7,9 @@ import sys
 from typing import Sequence
 
 from hvdtrack.config import load_config, packaged_configs, resolve_config_path
+from hvdtrack.distributed.config import launched_processes
 from hvdtrack.entry import run
+from hvdtrack.errors import ConfigError
 from hvdtrack.prepare.local import prepare_dataset
 from hvdtrack.prepare.mpi import Late, mpi_world, prepare_dataset_mpi
 
@@ -31,6 +33,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     config = load_config(resolve_config_path(args.config), args.overrides)
     comm = mpi_world()  # None unless started by mpirun/srun among other ranks
+    launch = launched_processes()
+    if comm is None and launch and launch[1] != 1:
+        raise ConfigError(
+            f"started by {launch[0]} as {launch[1] or 'several'} processes without MPI: each "
+            f"would prepare {config.data.dataset_dir} on its own. Run python -m hvdtrack.prepare "
+            "as one process, or under mpirun or srun --mpi=pmix (the ranks share the work)"
+        )
     if comm is None:
         prepare_dataset(config, force=args.force, progress=not args.no_progress)
         return 0

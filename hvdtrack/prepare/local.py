@@ -2,7 +2,8 @@
 
 Events are processed in parallel (``process_events``); one writer in this process shards the
 graphs. The dataset is built in a temporary sibling directory and moved into place only when
-complete, so a failure never leaves a half-written dataset or loses the old one.
+complete, so a failure (a bad event, a full disk, SIGTERM or Ctrl-C) never leaves a half-written
+dataset or loses the old one; temporaries of a prepare killed outright are removed by the next.
 ``hvdtrack train`` calls ``prepare_dataset`` itself when its dataset is missing or out of date.
 
 Public symbols: ``prepare_dataset``.
@@ -15,11 +16,21 @@ import time
 from pathlib import Path
 
 from hvdtrack.config import Config
-from hvdtrack.prepare.jobs import kept_report, process_events, split_jobs, usable_cpus
+from hvdtrack.prepare.jobs import (
+    build_target,
+    disk_errors,
+    kept_report,
+    process_events,
+    split_jobs,
+    stale_reason,
+    stopped_by_signals,
+    usable_cpus,
+)
 from hvdtrack.prepare.report import add_row, empty_counts, report_row, write_report
 from hvdtrack.records.shards import DatasetWriter
 from hvdtrack.utils.console import counter
 from hvdtrack.utils.io import Staged
+from hvdtrack.utils.lock import DirectoryLock
 
 
 def prepare_dataset(config: Config, force: bool = False, progress: bool = True) -> dict:
@@ -30,14 +41,30 @@ def prepare_dataset(config: Config, force: bool = False, progress: bool = True) 
 
     Raises:
       DataError / ConfigError: bad input events or settings; nothing is left half-written.
+      DirectoryBusy: another process writes the dataset (``.NAME.lock`` beside it names it).
     """
+    if not force and stale_reason(config) is None:  # up to date: only read, no lock needed
+        return kept_report(config, force, hint="; --force rebuilds it")
+    target = build_target(config)
+    # One writer: the lock lives beside the dataset, not in it (a rebuild replaces the
+    # directory by a rename); taken before anything is checked again, removed or written.
+    lock = DirectoryLock(target.with_name(f".{target.name}.lock"), target, "data.dataset_dir")
+    with disk_errors(target):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    try:
+        return _prepare_locked(config, target, force, progress)
+    finally:
+        lock.release()
+
+
+def _prepare_locked(config: Config, target: Path, force: bool, progress: bool) -> dict:
     report = kept_report(config, force, hint="; --force rebuilds it")
     if report is not None:
         return report
-    with Staged() as staged:  # built beside the target, swapped in only when complete
-        report = _build(
-            config, staged.path(Path(config.data.dataset_dir), directory=True), progress
-        )
+    # Built beside the target, swapped in only when complete.
+    with stopped_by_signals(target), disk_errors(target), Staged() as staged:
+        report = _build(config, staged.path(target, directory=True), progress)
         staged.commit()
     return report
 
@@ -62,6 +89,4 @@ def _build(config: Config, out: Path, progress: bool) -> dict:
         bar.close()
         manifest = writer.finish()
     elapsed = time.perf_counter() - started
-    return write_report(
-        config, out, len(jobs), planned.splits, counts, elapsed, workers, 1, len(manifest.shards)
-    )
+    return write_report(config, out, planned, counts, elapsed, workers, 1, manifest)

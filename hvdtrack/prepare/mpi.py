@@ -30,9 +30,12 @@ from hvdtrack.errors import ConfigError, DataError, HvdtrackError
 from hvdtrack.prepare.jobs import (
     EventJob,
     SplitJobs,
+    build_target,
+    disk_errors,
     kept_report,
     process_events,
     split_jobs,
+    stopped_by_signals,
     usable_cpus,
 )
 from hvdtrack.prepare.report import Counts, add_row, empty_counts, report_row, write_report
@@ -91,7 +94,7 @@ class _Ranks:
           DataError: some rank's work (or rank 0's answer) failed; the message names it.
           Late: a rank sent nothing within ``deadline_s`` (rank 0 answers within twice it).
         """
-        outcome = _outcome(work)
+        outcome = _outcome(work, self.target)
         if self.rank != 0:
             sent = self.comm.isend(outcome, dest=0, tag=tag)
             ok, reply = self._receive(0, tag, 2 * deadline_s)
@@ -103,7 +106,7 @@ class _Ranks:
         failed = [(r, message) for r, (ok, message) in enumerate(outcomes) if not ok]
         replies = [None] * self.size
         if not failed:
-            ok, replies = _outcome(lambda: answer([result for _, result in outcomes]))
+            ok, replies = _outcome(lambda: answer([result for _, result in outcomes]), self.target)
             if not ok:
                 failed = [(0, replies)]
         for r in range(1, self.size):
@@ -149,10 +152,12 @@ class Late(Exception):
     """A rank did not report within its deadline: the job is aborted (MPI_Abort)."""
 
 
-def _outcome(work: Callable[[], Any]) -> tuple[bool, Any]:
-    """``(True, work())``, or ``(False, message)`` when it raised (picklable either way)."""
+def _outcome(work: Callable[[], Any], target: Path) -> tuple[bool, Any]:
+    """``(True, work())``, or ``(False, message)`` when it raised (picklable either way; a full
+    disk said in one line, ``disk_errors``)."""
     try:
-        return True, work()
+        with disk_errors(target):
+            return True, work()
     except HvdtrackError as err:
         return False, str(err)
     except Late:
@@ -194,7 +199,7 @@ def prepare_dataset_mpi(config: Config, comm, force: bool = False, progress: boo
     """
     ranks = _Ranks(comm, Path(config.data.dataset_dir))
     timeout = config.data.prepare_timeout_s
-    with Staged() as staged:
+    with stopped_by_signals(ranks.target), Staged() as staged:
         steps = _Steps(config, ranks.rank, ranks.size, staged, force, progress)
         # 1. Rank 0 keeps an up-to-date dataset, refuses a directory it did not write, or makes
         #    the staging directory and deals out the events (round robin in job order).
@@ -247,7 +252,8 @@ class _Steps:
         report = kept_report(self.config, self.force)
         if report is not None:
             return report
-        out = self.staged.path(self.target, directory=True)
+        target = build_target(self.config)
+        out = self.staged.path(target, directory=True)
         events = split_jobs(self.data, out)
         self.planned = _Plan(out, events, time.perf_counter())
         print(f"[prepare] {len(events.jobs)} events on {self.size} MPI ranks", flush=True)
@@ -359,13 +365,12 @@ class _Steps:
         report = write_report(
             self.config,
             plan.out,
-            len(plan.events.jobs),
-            plan.events.splits,
+            plan.events,
             plan.counts,
             elapsed,
             plan.workers,
             self.size,
-            len(manifest.shards),
+            manifest,
         )
         self.staged.commit()
         return [report] * self.size

@@ -15,8 +15,8 @@ from typing import Iterable
 
 from hvdtrack.config import Config, DataConfig, config_to_dict
 from hvdtrack.graphs.report import ConstructionReport
-from hvdtrack.prepare.jobs import PREPARE_INFO, fingerprint, keep_or_remove_events
-from hvdtrack.records.manifest import GraphInfo
+from hvdtrack.prepare.jobs import PREPARE_INFO, SplitJobs, fingerprint, keep_or_remove_events
+from hvdtrack.records.manifest import GraphInfo, Manifest
 from hvdtrack.utils.io import atomic_write, write_json
 
 # Split name -> the report's five columns (``report_row``), one value per graph.
@@ -43,17 +43,21 @@ def add_row(columns: list[list[int]], row: tuple[int, ...]) -> None:
 def write_report(
     config: Config,
     out: Path,
-    num_events: int,
-    splits: dict,
+    planned: SplitJobs,
     counts: Counts,
     elapsed: float,
     workers: int,
     ranks: int,
-    num_shards: int,
+    manifest: Manifest,
 ) -> dict:
     """Writes report.md, report.json and prepare.json into ``out`` (the events' CSVs removed
-    or completed, ``keep_or_remove_events``); prints the markdown and returns the report."""
+    or completed, ``keep_or_remove_events``); prints the markdown and returns the report.
+
+    prepare.json records what ``stale_reason`` compares (the data config, the input files
+    ``planned`` read) and the shard files written (``check_replaceable``'s proof when the
+    manifest is broken)."""
     data = config.data
+    num_events, splits = len(planned.jobs), planned.splits
     keep_or_remove_events(data, out)
     per_split = {name: ConstructionReport.from_counts(*c) for name, c in counts.items() if c[0]}
     total = ConstructionReport.merge(per_split.values())
@@ -68,7 +72,7 @@ def write_report(
         "ranks": ranks,
         "all": total.to_dict(),
         "splits": {name: r.to_dict() for name, r in per_split.items()},
-        "shards": num_shards,
+        "shards": len(manifest.shards),
     }
     markdown = _markdown(report, per_split, total, data)
     with atomic_write(out / "report.md") as f:
@@ -76,7 +80,13 @@ def write_report(
     write_json(out / "report.json", report)
     write_json(
         out / PREPARE_INFO,
-        {"data": fingerprint(config), "report": report, "config": config_to_dict(config)},
+        {
+            "data": fingerprint(config),
+            "inputs": planned.inputs,
+            "files": [s.file for s in manifest.shards],
+            "report": report,
+            "config": config_to_dict(config),
+        },
     )
     print(markdown, flush=True)
     return report

@@ -13,7 +13,12 @@ from typing import Callable, Optional, Sequence
 import pandas as pd
 
 from hvdtrack.errors import DataError
-from hvdtrack.evaluate.inference import graph_scorer, load_classifier
+from hvdtrack.evaluate.inference import (
+    check_output,
+    check_threshold,
+    graph_scorer,
+    load_classifier,
+)
 from hvdtrack.evaluate.tracking import MethodTally, join_event, score_event
 from hvdtrack.graphs.construction import GraphConfig
 from hvdtrack.reconstruct.inputs import event_prefixes, input_graphs, read_input
@@ -51,15 +56,18 @@ def reconstruct(
       The summary written to ``summary.json``.
 
     Raises:
-      ConfigError: no run or checkpoint; DataError: bad or missing input files, named.
+      ConfigError: no run or checkpoint, a threshold outside (0, 1), an ``out`` that cannot be
+      written (checked first); DataError: bad or missing input files, named.
     """
     started = time.perf_counter()
+    check_threshold(threshold)
+    out = Path(run_dir) / "reconstruct" if out is None else Path(out)
+    check_output(out, "--out")  # before any event is read: a read-only run directory
     prefixes = event_prefixes(events)
     model, config = load_classifier(run_dir, checkpoint)
     threshold = config.train.thresholds[0] if threshold is None else threshold
     job = _Job(graph_scorer(model), config.data.graph, threshold, min_track_hits, score, pt_cut)
     job.seconds["model"] = time.perf_counter() - started
-    out = Path(run_dir) / "reconstruct" if out is None else Path(out)
     with Staged() as staged:
         for prefix in prefixes:
             event_id, frame = job.event(prefix)

@@ -8,7 +8,8 @@ from the manifest alone; shards are opened only to read graphs.
 
 Public symbols: ``MANIFEST_NAME``, ``FORMAT_NAME``, ``ShardInfo``, ``GraphInfo``,
 ``SplitTable``, ``Manifest``, ``shard_file_name``, ``shard_problem``, ``check_shard_files``,
-``verify_checksums``, ``check_splits``, ``open_dataset``, ``sha256_of_file``.
+``verify_checksums``, ``check_splits``, ``open_dataset``, ``sha256_of_file``,
+``manifest_digest``.
 """
 
 from __future__ import annotations
@@ -387,6 +388,12 @@ def sha256_of_file(path: str | os.PathLike) -> str:
     """Hex sha256 digest of a file's bytes."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def manifest_digest(dataset_dir: str | os.PathLike) -> str:
+    """A dataset's identity as a run records it (``run.json``'s ``dataset_digest``): the first 16
+    hex digits of its manifest file's sha256 (the manifest holds every shard's checksum)."""
+    return hashlib.sha256((Path(dataset_dir) / MANIFEST_NAME).read_bytes()).hexdigest()[:16]
 
 
 def shard_problem(

@@ -73,7 +73,7 @@ class RecordsConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check(self.graphs_per_shard > 0, "graphs_per_shard", "must be > 0")
+        check(0 < self.graphs_per_shard <= 100_000, "graphs_per_shard", "must be in [1, 100000]")
         check(self.compression in ("none", "gzip"), "compression", "must be 'none' or 'gzip'")
         check(len(self.split_names) > 0, "split_names", "must name at least one split")
         check(len(set(self.split_names)) == len(self.split_names), "split_names", "has duplicates")
@@ -92,7 +92,8 @@ class RecordsConfig:
                 "split_counts",
                 f"must have one value per split ({len(self.split_names)})",
             )
-            check(min(self.split_counts) >= 0, "split_counts", "must be >= 0")
+            counts = self.split_counts
+            check(0 <= min(counts) <= max(counts) <= 10**6, "split_counts", "must be in [0, 1e6]")
         check(self.seed >= 0, "seed", "must be >= 0")
 
 

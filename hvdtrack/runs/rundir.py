@@ -1,9 +1,17 @@
-"""The run directory (resolved config, versions, git revision) and HParams."""
+"""The run directory (resolved config, versions, git revision) and HParams; its one writer.
+
+``claim`` checks that a run directory can be this run's (not a dataset, not a folder of other
+files, writable with room for a checkpoint) and locks it (``utils.lock``): the chief of a
+training holds the lock for the whole job, the other ranks write nothing there.
+"""
 
 from __future__ import annotations
 
+import errno
 import importlib.metadata
+import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -12,8 +20,17 @@ from typing import Any
 
 from hvdtrack.config import Config, config_to_dict, dump_config
 from hvdtrack.errors import ConfigError
+from hvdtrack.records.manifest import MANIFEST_NAME
 from hvdtrack.runs.runinfo import flatten_config
 from hvdtrack.utils.io import write_json
+from hvdtrack.utils.lock import DirectoryLock
+
+LOCK_NAME = ".hvdtrack.lock"
+# What makes a folder an hvdtrack run directory (rundir.prepare writes them first).
+RUN_MARKERS = ("run.json", "versions.json", "config.yaml", "checkpoints")
+# The subdirectories training writes, probed before it starts.
+WRITTEN_DIRS = ("checkpoints", "best", "tensorboard")
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 # What a resumed run may change: how long it runs, how it logs, checkpoints and launches. Any
 # other setting (data, model, optimiser, batch, seed, exchange) makes it another run.
@@ -168,3 +185,111 @@ def _first_difference(old: dict, new: dict) -> tuple[str | None, Any, Any]:
         if key in flat_old and key in flat_new and flat_old[key] != flat_new[key]:
             return key, flat_old[key], flat_new[key]
     return None, None, None
+
+
+def claim(run_dir: Path, dataset_dir: Path, needed_bytes: int, say=None) -> DirectoryLock:
+    """Locks ``run_dir`` for this run's writer, after checking it can be this run's: not a
+    dataset (nor inside ``dataset_dir``), not a folder of files hvdtrack did not write, writable
+    where training writes, and with ``needed_bytes`` free. Release the returned lock at the end.
+
+    Raises:
+      ConfigError: naming what is there, or the path that cannot be written and what to do.
+      DirectoryBusy: another process writes ``run_dir`` (naming it).
+    """
+    _check_contents(run_dir, dataset_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = DirectoryLock(run_dir / LOCK_NAME, run_dir, "train.run_dir", say)
+        lock.acquire()
+    except OSError as err:
+        raise ConfigError(disk_error(err, run_dir)) from None
+    try:
+        _probe(run_dir, needed_bytes)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _check_contents(run_dir: Path, dataset_dir: Path) -> None:
+    fix = "point train.run_dir at a new or an hvdtrack run directory"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"train.run_dir {run_dir} is a file, not a directory: {fix}")
+    resolved, dataset = run_dir.resolve(), dataset_dir.resolve()
+    if (run_dir / MANIFEST_NAME).exists() or resolved == dataset or dataset in resolved.parents:
+        raise ConfigError(
+            f"train.run_dir {run_dir} is (inside) a dataset directory (data.dataset_dir "
+            f"{dataset_dir}, or a {MANIFEST_NAME} there): {fix}"
+        )
+    if not run_dir.is_dir():
+        return
+    present = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith("."))
+    if present and not any(name in present for name in RUN_MARKERS):
+        shown = ", ".join(present[:5]) + (
+            f" and {len(present) - 5} more" if len(present) > 5 else ""
+        )
+        raise ConfigError(
+            f"train.run_dir {run_dir} holds files that are not an hvdtrack run's ({shown}); "
+            f"training will not mix its files in: {fix}"
+        )
+
+
+def _probe(run_dir: Path, needed_bytes: int) -> None:
+    """Writes (and removes) a small file where training writes; checks the free space."""
+    for name in WRITTEN_DIRS:
+        target = run_dir / name
+        created = not target.exists()
+        probe = target / f".probe-{os.getpid()}"
+        try:
+            target.mkdir(exist_ok=True)
+            try:
+                with open(probe, "wb") as f:
+                    f.write(b"\0" * 4096)
+                    f.flush()
+                    os.fsync(f.fileno())
+            finally:
+                probe.unlink(missing_ok=True)
+                if created:
+                    target.rmdir()
+        except OSError as err:
+            raise ConfigError(disk_error(err, target)) from None
+    stat = os.statvfs(run_dir)
+    free = stat.f_bavail * stat.f_frsize
+    if free < needed_bytes:
+        raise ConfigError(
+            f"{run_dir}: {_size(free)} free, saving checkpoints needs about "
+            f"{_size(needed_bytes)}: free space there, or use another train.run_dir"
+        )
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+
+
+def disk_error(err: OSError, path: Path, after: str = "") -> str:
+    """One line for a write that failed on a full, read-only or forbidden filesystem."""
+    where = Path(err.filename or path)
+    while "temp" in where.name and where.parent != where:  # TensorFlow's temporaries: their folder
+        where = where.parent
+    other = "or use another train.run_dir"
+    what = {
+        errno.ENOSPC: f"the filesystem is full: free space there, {other}",
+        errno.EDQUOT: f"the disk quota is exceeded: free space there, {other}",
+        errno.EROFS: "the filesystem is read-only: use another train.run_dir",
+    }.get(err.errno, f"{err.strerror or err}: make it writable (not immutable), {other}")
+    return f"cannot write {where}: {what}{after}"
+
+
+def as_disk_error(err: BaseException) -> OSError | None:
+    """``err`` as an OSError with the path, when a write failed because the filesystem is full,
+    read-only or forbidden (an OSError, or TensorFlow's error for one, which names the path in
+    its text: ``PATH; No space left on device``); None for any other error."""
+    if isinstance(err, OSError):
+        return err if err.errno in DISK_ERRORS else None
+    text = str(err)
+    for code in DISK_ERRORS:
+        at = text.find(os.strerror(code))
+        if at >= 0:
+            paths = re.findall(r"/[^\s;,'\"]+", text[:at])
+            return OSError(code, os.strerror(code), paths[-1] if paths else None)
+    return None

@@ -91,8 +91,9 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.print_config:
         print(json.dumps(config_to_dict(config), indent=2))
         return 0
-    from hvdtrack.distributed.launch import ensure_dataset
+    from hvdtrack.distributed.launch import check_start, ensure_dataset
 
+    check_start(config)  # launcher and strategy agree, the model fits: before anything is written
     # Before anything initialises Horovod / MPI / tf.distribute (train() does).
     ensure_dataset(config)
     from hvdtrack.train.loop import train
@@ -149,10 +150,13 @@ def _peer_failure(err: Exception, config):
 
 def _own_task() -> tuple[str, str] | None:
     """This worker's (job, task index) from TF_CONFIG, as tf.distribute names it in errors."""
+    from hvdtrack.distributed.launch import read_tf_config
+    from hvdtrack.errors import ConfigError
+
     try:
-        task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {}
+        _, task = read_tf_config(os.environ.get("TF_CONFIG") or "{}")
         return (str(task["type"]), str(int(task["index"])))
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ConfigError, ValueError, KeyError, TypeError):
         return None
 
 

@@ -8,6 +8,12 @@ from typing import Literal, Optional
 from hvdtrack.configtools import check
 from hvdtrack.inputs.subgraphs import SubgraphConfig
 
+# Upper bounds, far above real use, so that a typo is refused by name (see TrainConfig).
+MAX_EPOCHS = 1_000_000
+MAX_BATCH_GRAPHS = 65536
+MAX_KEEP_CHECKPOINTS = 1000
+MAX_THRESHOLDS = 64
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
@@ -33,6 +39,10 @@ class TrainConfig:
 
     ``progress_bar``: the chief shows progress; on a terminal as a bar, otherwise (SLURM,
     horovodrun, CI logs) as one plain line every ``progress_interval_s`` seconds.
+
+    ``run_dir`` may not be empty (the run would be written into the current directory). Upper
+    bounds, far above real use: ``epochs`` 1,000,000, ``batch_graphs`` 65536 (``MAX_BATCH_GRAPHS``),
+    ``keep_checkpoints`` 1000, 64 ``thresholds``.
     """
 
     run_dir: str = "runs/default"
@@ -68,8 +78,17 @@ class TrainConfig:
     subgraphs: SubgraphConfig = dataclasses.field(default_factory=SubgraphConfig)
 
     def __post_init__(self):
-        check(self.epochs >= 1, "epochs", "must be >= 1")
-        check(self.batch_graphs >= 1, "batch_graphs", "must be >= 1")
+        check(
+            bool(self.run_dir.strip()),
+            "run_dir",
+            "must not be empty (a directory for the run's files, e.g. runs/NAME)",
+        )
+        check(1 <= self.epochs <= MAX_EPOCHS, "epochs", f"must be in [1, {MAX_EPOCHS}]")
+        check(
+            1 <= self.batch_graphs <= MAX_BATCH_GRAPHS,
+            "batch_graphs",
+            f"must be in [1, {MAX_BATCH_GRAPHS}] (graphs per worker and step)",
+        )
         check(
             self.max_steps_per_epoch is None or self.max_steps_per_epoch >= 1,
             "max_steps_per_epoch",
@@ -98,7 +117,11 @@ class TrainConfig:
             "true_weight",
             "class weights must be > 0",
         )
-        check(len(self.thresholds) >= 1, "thresholds", "needs at least one threshold")
+        check(
+            1 <= len(self.thresholds) <= MAX_THRESHOLDS,
+            "thresholds",
+            f"needs 1 to {MAX_THRESHOLDS} thresholds, got {len(self.thresholds)}",
+        )
         check(
             all(0 < t < 1 for t in self.thresholds),
             "thresholds",
@@ -119,7 +142,11 @@ class TrainConfig:
             "checkpoint_every_minutes",
             "must be > 0 or null",
         )
-        check(self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1")
+        check(
+            1 <= self.keep_checkpoints <= MAX_KEEP_CHECKPOINTS,
+            "keep_checkpoints",
+            f"must be in [1, {MAX_KEEP_CHECKPOINTS}]",
+        )
         check(self.validate_every_epochs >= 1, "validate_every_epochs", "must be >= 1")
         check(self.log_every_steps >= 1, "log_every_steps", "must be >= 1")
         check(self.progress_interval_s > 0, "progress_interval_s", "must be > 0")

@@ -11,7 +11,6 @@ Public symbols: ``TrainData``, ``EpochSize``.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -23,7 +22,7 @@ from hvdtrack.distributed.workers import Workers
 from hvdtrack.errors import DataError
 from hvdtrack.inputs import pipeline
 from hvdtrack.inputs.balance import EpochPlan
-from hvdtrack.records.manifest import MANIFEST_NAME, open_dataset
+from hvdtrack.records.manifest import manifest_digest, open_dataset
 
 Batches = Iterator[list[tuple[Any, tf.Tensor]]]
 
@@ -57,8 +56,7 @@ class TrainData:
         self.manifest = open_dataset(
             self.dataset_dir, verify=config.train.verify_checksums, required=("train", "val")
         )
-        manifest_bytes = (self.dataset_dir / MANIFEST_NAME).read_bytes()
-        self.digest = hashlib.sha256(manifest_bytes).hexdigest()[:16]
+        self.digest = manifest_digest(self.dataset_dir)
         table = self.manifest.split_table("train", str(self.dataset_dir))
         self.train_edges = np.asarray(table.num_edges)
         self._plan: EpochPlan | None = None

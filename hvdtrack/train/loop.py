@@ -17,6 +17,7 @@ Public symbols: ``fit``, ``train``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -37,7 +38,7 @@ from hvdtrack.runs.energy import EnergyMeter
 from hvdtrack.runs.history import TimingHistory
 from hvdtrack.runs.summaries import Summaries
 from hvdtrack.train import runfiles
-from hvdtrack.train.checkpoints import Checkpoints
+from hvdtrack.train.checkpoints import Checkpoints, repair_state
 from hvdtrack.train.trainer import Trainer
 from hvdtrack.utils import console, memory
 
@@ -79,13 +80,38 @@ class _Fit:
 
     # -- the loop -----------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        runfiles.check_resume(self.t, self.run_dir)  # before anything is written
+        """The run, with its directory locked by the chief (the other ranks write nothing
+        there) from before anything is written until the end, also on errors."""
+        lock = None
         if self.chief:
+            lock = rundir.claim(
+                self.run_dir,
+                Path(self.t.config.data.dataset_dir),
+                runfiles.checkpoint_bytes(self.t),
+                say=log.warning,
+            )
+        try:
+            return self._run()
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _run(self) -> dict[str, Any]:
+        point = runfiles.check_resume(self.t, self.run_dir)  # before anything is written
+        if self.chief:
+            if point is not None and point.skipped:
+                log.warning(
+                    f"{self.run_dir}: resuming from {point.path or 'the start'}; skipped "
+                    + "; ".join(point.skipped)
+                )
             rundir.prepare(self.run_dir, self.t.config)
+            if point is not None:  # before any CheckpointManager reads the list
+                repair_state(self.run_dir / "checkpoints", point)
         if not self.elastic:  # elastic: no collective before the elastic loop (joiners sync)
             self.workers.barrier()
         self.checkpoints = Checkpoints(self.t, self.run_dir)
-        previous = runfiles.restore(self.t, self.checkpoints, self.history, not self.elastic)
+        previous = runfiles.restore(self.t, point, self.history, not self.elastic)
+        self.status.checkpoint = point.name if point else None
         if previous is not None:
             self.status.started = previous.info.get("started") or self.status.started
         self.t.resize()  # a checkpoint of a run that had another worker count (elastic)
@@ -116,7 +142,13 @@ class _Fit:
             if self.chief:
                 info = self._info("failed", self.status.val_metrics)
                 steps, epochs = self.history.all_steps(), self.history.all_epochs()
-                timing.write_run(self.run_dir, info, steps, epochs)
+                try:
+                    timing.write_run(self.run_dir, info, steps, epochs)
+                except OSError as err:  # a full disk: the error that stopped the run tells
+                    if rundir.as_disk_error(err) is None:
+                        raise
+            with contextlib.suppress(Exception):  # its event file closed (it may be full)
+                self.summaries.close()
             raise
 
     def _say_how_it_runs(self, fresh: bool) -> None:
@@ -211,10 +243,17 @@ class _Fit:
 
         In this order a crash between the two resumes from the previous checkpoint, and the
         resume trims the timings to its position: timings and checkpoints always agree."""
+        # run.json names the checkpoint about to be saved (numbered by optimizer step).
+        name = f"ckpt-{int(self.t.state.optimizer.step.numpy())}"
+        saved, self.status.checkpoint = self.status.checkpoint, name
         with clock.part("records_s"):
             self._write_timings("running", epoch - 1 if step == 0 else None)
         with clock.part("checkpoint_s"):
-            self.checkpoints.save(epoch, step)
+            try:
+                self.checkpoints.save(epoch, step)
+            except BaseException:
+                self.status.checkpoint = saved  # what the failure's run.json names
+                raise
             if val and val["loss"] < self.best_loss:
                 self.best_loss = val["loss"]
                 self.checkpoints.save_best(epoch)
@@ -327,6 +366,12 @@ def fit(trainer: Trainer) -> dict[str, Any]:
     return _Fit(trainer).run()
 
 
+_RESUMABLE = (
+    "; run.json and the checkpoints saved so far are intact: run the same command again to "
+    "resume from the last one"
+)
+
+
 def train(config: Config) -> dict[str, Any]:
     """Trains one run as configured; returns the run info written to ``run.json``.
 
@@ -337,7 +382,12 @@ def train(config: Config) -> dict[str, Any]:
     trainer = Trainer(config)
     try:
         return fit(trainer)
-    except tf.errors.OpError as err:
+    except (OSError, tf.errors.OpError) as err:
+        full = rundir.as_disk_error(err)
+        if full is not None:  # a checkpoint, TensorBoard or record write
+            raise TrainingError(
+                rundir.disk_error(full, Path(config.train.run_dir), _RESUMABLE)
+            ) from None
         if "Horovod has been shut down" not in str(err):
             raise
         raise TrainingError(

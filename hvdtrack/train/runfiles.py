@@ -16,49 +16,77 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrack.config import config_to_dict
+from hvdtrack.errors import ConfigError
 from hvdtrack.inputs.balance import EpochPlan
 from hvdtrack.runs import rundir, runinfo, timing
 from hvdtrack.runs.history import TimingHistory
-from hvdtrack.train.checkpoints import Checkpoints
+from hvdtrack.train.checkpoints import ResumePoint, number, resume_point
 from hvdtrack.train.step import StepTimes
 from hvdtrack.train.trainer import Trainer
 from hvdtrack.utils import memory
 
 
-def check_resume(trainer: Trainer, run_dir: Path) -> None:
-    """Refuses a resume that would not continue the run in ``run_dir`` (``rundir.check_resume``);
-    call before anything is written: a refused resume changes nothing."""
+def check_resume(trainer: Trainer, run_dir: Path) -> Optional[ResumePoint]:
+    """Where a resume starts (None: ``train.resume`` is off), checked against run.json: the newest
+    intact checkpoint (``checkpoints.resume_point``), and ``rundir.check_resume``'s checks. Call
+    before anything is written: a refused resume changes nothing.
+
+    Raises:
+      ConfigError: see ``rundir.check_resume``; or run.json or the folder name checkpoints of
+        which none is intact (restarting would lose them silently).
+    """
+    if not trainer.config.train.resume:
+        return None
     info_file = run_dir / timing.RUN_INFO_FILE
-    if not (trainer.config.train.resume and info_file.exists()):
-        return
-    latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
+    previous = timing.read_run(run_dir).info if info_file.exists() else None
+    recorded = (previous or {}).get("checkpoint")
+    point = resume_point(run_dir / "checkpoints", recorded)
+    if point.path is None and point.skipped:
+        said = (
+            f"{info_file} names checkpoint {recorded} (optimizer step {number(recorded)})"
+            if recorded
+            else f"{run_dir} held checkpoints"
+        )
+        raise ConfigError(
+            f"{said}, but none is intact in {run_dir / 'checkpoints'}: "
+            f"{'; '.join(point.skipped)}. Resuming would restart at epoch 1: put the checkpoints "
+            "back, or use train.resume=false to start afresh there, or another train.run_dir"
+        )
+    if previous is None:
+        return point
     step_in_epoch = 0
-    if latest:  # the position it holds (its number is the optimizer step: elastic runs
+    if point.path:  # the position it holds (its number is the optimizer step: elastic runs
         # change the steps per epoch, so the number does not tell)
-        reader = tf.train.load_checkpoint(latest)
+        reader = tf.train.load_checkpoint(point.path)
         step_in_epoch = int(reader.get_tensor("step_in_epoch/.ATTRIBUTES/VARIABLE_VALUE"))
     rundir.check_resume(
         run_dir,
-        timing.read_run(run_dir).info,
+        previous,
         trainer.config,
         trainer.workers.num_replicas,
-        latest,
+        point.path,
         trainer.data.digest,
         step_in_epoch,
     )
+    return point
+
+
+def checkpoint_bytes(trainer: Trainer) -> int:
+    """About the room training needs to save: two checkpoints (a new one is written before the
+    oldest goes, and ``best/``) of the weights and their two Adam moments, and 100 kB of records."""
+    weights = sum(int(np.prod(v.shape)) * v.dtype.size for v in trainer.state.variables)
+    return 2 * 3 * weights + 100_000
 
 
 def restore(
-    trainer: Trainer, checkpoints: Checkpoints, history: TimingHistory, broadcast: bool
+    trainer: Trainer, point: Optional[ResumePoint], history: TimingHistory, broadcast: bool
 ) -> Optional[timing.Run]:
-    """Restores the newest checkpoint (when resuming) and the timings written so far, trimmed
-    to the checkpoint's position; returns the run read back, or None for a fresh start."""
-    run_dir = checkpoints.directory.parent
-    resume = trainer.config.train.resume
-    previous = (
-        timing.read_run(run_dir) if resume and (run_dir / timing.RUN_INFO_FILE).exists() else None
-    )
-    restored = trainer.state.restore(checkpoints.directory if resume else None, broadcast)
+    """Restores the resume point's checkpoint (``check_resume``; None: a fresh start) and the
+    timings written so far, trimmed to its position; returns the run read back, or None."""
+    run_dir = Path(trainer.config.train.run_dir)
+    has_info = (run_dir / timing.RUN_INFO_FILE).exists()
+    previous = timing.read_run(run_dir) if point is not None and has_info else None
+    restored = trainer.state.restore(point.path if point else None, broadcast)
     if not restored:
         return None
     if previous is not None:
@@ -76,6 +104,9 @@ class RunStatus:
     resets: Optional[list[dict[str, Any]]] = None  # elastic runs: their restarts
     preempted: bool = False  # a rank got a stop signal: all stop after the same step
     val_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    # The newest checkpoint saved (``ckpt-N``), or the one being saved as run.json is written
+    # just before it: a resume checks run.json against the checkpoints with it.
+    checkpoint: Optional[str] = None
 
 
 def run_info(
@@ -123,6 +154,7 @@ def run_info(
         input_mode="subgraphs" if config.train.subgraphs.enabled else "graphs",
         # distributed.stages: {"num_stages": S, "micro_batches": M}, None without stages
         stages=config.distributed.stages.run_info(),
+        checkpoint=run.checkpoint,
         **described,
     )
 

@@ -84,30 +84,32 @@ class TrainState:
             + scaling
         )
 
-    def restore(self, directory: Path | None, broadcast: bool = True) -> str | None:
-        """Restores the newest checkpoint under ``directory`` (None: none), then makes every
-        replica hold rank 0's values (unless ``broadcast`` is False: elastic training syncs
-        its workers itself); returns the checkpoint's path or None.
+    def restore(self, checkpoint: str | None, broadcast: bool = True) -> str | None:
+        """Restores ``checkpoint`` (a prefix found intact by ``checkpoints.resume_point``; None:
+        keep the fresh state), then makes every replica hold rank 0's values (unless
+        ``broadcast`` is False: elastic training syncs its workers itself); returns it.
 
         Raises:
-          ConfigError: the checkpoint was written by another model.
+          ConfigError: the checkpoint was written by another model (it reads intact, so a
+            failure to restore it is a mismatch, not damage).
         """
-        latest = tf.train.latest_checkpoint(str(directory)) if directory is not None else None
-        if latest:
+        if checkpoint:
             try:
-                self.checkpoint.restore(latest).assert_existing_objects_matched()
+                self.checkpoint.restore(checkpoint).assert_existing_objects_matched()
             except (AssertionError, ValueError, tf.errors.OpError) as err:
+                config_file = Path(checkpoint).parent.parent / "config.yaml"
                 raise ConfigError(
-                    f"checkpoint {latest} does not fit the configured model ({str(err).splitlines()[0]}); "
-                    f"it was written with the model settings in {directory.parent / 'config.yaml'}. "
-                    "Use another train.run_dir, or train.resume=false to start afresh"
+                    f"checkpoint {checkpoint} does not fit the configured model "
+                    f"({str(err).splitlines()[0]}); it was written with the model settings in "
+                    f"{config_file}. Use another train.run_dir, or train.resume=false to start "
+                    "afresh"
                 ) from None
         # Whatever each rank holds now, rank 0's values win (fresh start: the random init).
         # The position to resume from too: a rank that read another checkpoint (a stale
         # shared-filesystem cache) would otherwise run other steps and hang the collectives.
         if broadcast:
             self.workers.broadcast_variables(self.variables_to_sync())
-        return latest
+        return checkpoint
 
 
 def _keep_recompute_in_backward_pass() -> None:

@@ -6,8 +6,11 @@ are built on it; the shard writer stages a dataset's shards with it, prepare a w
 directory. ``write_json`` writes strict JSON: a non-finite float (an empty bin's efficiency) is
 null, never ``NaN`` or ``Infinity``, which jq and JavaScript's JSON.parse refuse.
 
+Temporaries are named ``.NAME.HOST-PID-XXXX.tmp`` (a replaced directory moved aside
+``.NAME.old-HOST-PID``), so ``remove_stale_temps`` can tell those of a dead writer.
+
 Public symbols: ``Staged``, ``atomic_write``, ``write_json``, ``json_ready``,
-``ordinary_permissions``.
+``ordinary_permissions``, ``remove_stale_temps``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterator
@@ -35,7 +40,8 @@ class Staged:
     Leaving the block without ``commit()`` (an exception) removes the temporaries; a commit that
     fails part-way removes what it had already renamed into place. A staged directory replaces
     an existing one: the old directory is moved aside, then removed (or moved back if the
-    rename fails). Temporaries are hidden (``.NAME.XXXX.tmp``) and get ordinary permissions.
+    rename fails). Temporaries are hidden (``.NAME.HOST-PID-XXXX.tmp``) and get ordinary
+    permissions.
     """
 
     def __init__(self) -> None:
@@ -45,7 +51,7 @@ class Staged:
         """A new empty temporary file (or directory) beside ``final``, renamed to it on commit."""
         final = Path(final)
         final.parent.mkdir(parents=True, exist_ok=True)
-        prefix = f".{final.name}."
+        prefix = f".{final.name}.{_owner()}-"  # the writer, for ``remove_stale_temps``
         if directory:
             tmp = tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=final.parent)
         else:
@@ -133,7 +139,7 @@ def _replace(tmp: Path, final: Path) -> None:
         os.replace(tmp, final)
         return
     # rename() cannot replace a non-empty directory: move the old one aside first.
-    old = final.with_name(f".{final.name}.old-{os.getpid()}")
+    old = final.with_name(f".{final.name}.old-{_owner()}")
     final.rename(old)
     try:
         tmp.rename(final)
@@ -141,6 +147,48 @@ def _replace(tmp: Path, final: Path) -> None:
         old.rename(final)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _owner() -> str:
+    """This process as temporary names carry it: ``HOST-PID``."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def remove_stale_temps(final: str | os.PathLike) -> list[Path]:
+    """Removes what a ``Staged`` of ``final`` left behind when its process died (a signal,
+    kill -9): its temporaries and an old directory moved aside, if written by a process of this
+    host that no longer runs. Nothing else is touched. An old directory whose final name is
+    gone (the process died between the two renames) is moved back instead. Returns what was
+    removed or moved back."""
+    final = Path(final)
+    pattern = re.compile(
+        rf"^\.{re.escape(final.name)}\.(?:(?P<host>.+)-(?P<pid>\d+)-\w+\.tmp"
+        rf"|old-(?P<old_host>.+)-(?P<old_pid>\d+))$"
+    )
+    host, found = socket.gethostname(), []
+    with contextlib.suppress(OSError):
+        for path in final.parent.iterdir():
+            match = pattern.match(path.name)
+            if match is None or (match["host"] or match["old_host"]) != host:
+                continue
+            if _running(int(match["pid"] or match["old_pid"])):
+                continue
+            if match["old_pid"] and not os.path.lexists(final):
+                path.rename(final)
+            else:
+                _remove([path])
+            found.append(path)
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _remove(paths) -> None:

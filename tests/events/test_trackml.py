@@ -126,6 +126,28 @@ def test_bad_coordinates_are_refused_with_their_line(written_event, value, messa
         read_event(written_event)
 
 
+@pytest.mark.parametrize(
+    "part, line, column, value, message",
+    [
+        # a barrel hit far outside the detector would become a node feature of 1e35
+        ("hits", 3, "x", "3e38", "column 'x' has the value 3e\\+38, outside \\[-10000, 10000\\]"),
+        ("hits", 3, "z", "-20000", "column 'z' has the value -20000, outside"),
+        ("hits", 3, "hit_id", "-5", "column 'hit_id' has the value -5, outside \\[0, inf\\]"),
+        ("truth", 3, "weight", "2", "column 'weight' has the value 2, outside \\[0, 1\\]"),
+        ("truth", 3, "particle_id", "-1", "column 'particle_id' has the value -1, outside"),
+        ("particles", 2, "px", "1e9", "column 'px' has the value 1e\\+09, outside"),
+        ("particles", 2, "q", "1e39", "column 'q' value 1e\\+39 does not fit int32"),
+        ("particles", 2, "vx", "1e39", "column 'vx' value 1e\\+39 does not fit float32"),
+    ],
+)
+def test_values_no_real_event_holds_are_refused_with_their_line(
+    written_event, part, line, column, value, message
+):
+    _edit(f"{written_event}-{part}.csv", lambda lines: _replace_field(lines, line, column, value))
+    with pytest.raises(DataError, match=rf"event000001000-{part}\.csv: line {line}: {message}"):
+        read_event(written_event)
+
+
 def test_non_integer_id_is_refused(written_event):
     _edit(
         f"{written_event}-truth.csv", lambda lines: _replace_field(lines, 3, "particle_id", "1.5")

@@ -330,6 +330,25 @@ def test_config_refuses_bad_values():
         GraphConfig(pt_min=-1.0)
 
 
+def test_a_graph_of_more_than_max_edges_is_refused_naming_event_section_and_key():
+    event = make_event(THREE_LAYERS, PT)
+    (graph,) = build_hit_graphs(event, GraphConfig(pt_min=0.0, max_edges=5))  # exactly 5
+    assert graph.num_edges == 5
+    with pytest.raises(
+        DataError, match=r"^event 1, section 0: 5 edges, more than data.graph.max_edges=4 - "
+    ):
+        build_hit_graphs(event, GraphConfig(pt_min=0.0, max_edges=4))
+    # More candidates than 4 per allowed edge: refused before they are allocated.
+    with pytest.raises(
+        DataError,
+        match=r"^event 1: more than 4 candidate hit pairs before the cuts \(4 per edge "
+        r"data.graph.max_edges=1 allows in each of 1 sections\) - ",
+    ):
+        build_hit_graphs(event, GraphConfig(pt_min=0.0, max_edges=1))
+    with pytest.raises(ConfigError, match="'max_edges' must be >= 1"):
+        GraphConfig(max_edges=0)
+
+
 def test_sections_partition_the_edges_of_a_synthetic_event(small_event):
     cfg = GraphConfig(pt_min=0.0, barrel_only=False)
     (whole,) = build_hit_graphs(small_event, cfg)

@@ -243,7 +243,7 @@ def test_split_events_by_fractions_and_counts():
 @pytest.mark.parametrize(
     "mapping, message",
     [
-        ({"graphs_per_shard": 0}, "'records.graphs_per_shard' must be > 0"),
+        ({"graphs_per_shard": 0}, r"'records.graphs_per_shard' must be in \[1, 100000\]"),
         ({"compression": "zip"}, "'records.compression' must be one of 'none', 'gzip'"),
         ({"split_fractions": [0.5, 0.2, 0.2]}, "'records.split_fractions' must sum to 1"),
         ({"split_names": ["train", "val-1", "test"]}, "'records.split_names' 'val-1'"),

@@ -73,3 +73,91 @@ def test_another_dataset_or_worker_count_inside_an_epoch_is_refused(trained, tmp
         check_resume(tmp_path, previous, trained, 1, "run/checkpoints/ckpt-6", "aaaa", 2)
     check_resume(tmp_path, previous, trained, 1, "run/checkpoints/ckpt-8", "aaaa", 0)  # epoch end
     check_resume(tmp_path, previous, trained, 2, "run/checkpoints/ckpt-6", "aaaa", 2)  # same N
+
+
+# ---------------------------------------------------- checkpoints against run.json (issue 27)
+
+
+@pytest.fixture
+def stepped(tiny_config):
+    """One epoch (4 steps) with a checkpoint every 2 optimizer steps: ckpt-2 and ckpt-4."""
+    fit(Trainer(tiny_config(*STEPPED, "train.epochs=1")))
+    return tiny_config
+
+
+STEPPED = ("train.checkpoint_every_steps=2", "train.keep_checkpoints=10")
+
+
+def stamps(folder, *names):
+    return {n: (folder / f"{n}.index").stat().st_mtime_ns for n in names}
+
+
+def damage_state(folder):
+    state = folder / "checkpoint"
+    state.write_text(state.read_text().replace('path: "ckpt-4"', 'path: "ckpt-99"'))
+
+
+@pytest.mark.parametrize(
+    ("damage", "resumed_from", "skipped"),
+    [
+        (damage_state, "ckpt-4", "ckpt-99 (missing, named by"),
+        (lambda folder: (folder / "checkpoint").unlink(), "ckpt-4", None),
+        (
+            lambda f: f.joinpath("ckpt-4.data-00000-of-00001").write_bytes(b"x"),
+            "ckpt-2",
+            "ckpt-4 (damaged",
+        ),
+    ],
+    ids=["names-a-missing-one", "list-deleted", "newest-truncated"],
+)
+def test_a_damaged_checkpoint_list_resumes_from_the_newest_intact_one(
+    stepped, capsys, damage, resumed_from, skipped
+):
+    """Before, each of these restarted at epoch 1 and overwrote or deleted ckpt-2 and ckpt-4
+    (or gave a traceback): now the run goes on from the newest checkpoint that reads in full,
+    names what it skipped, and keeps every checkpoint up to there as it was."""
+    from pathlib import Path
+
+    config = stepped(*STEPPED, "train.epochs=2")
+    folder = Path(config.train.run_dir) / "checkpoints"
+    damage(folder)
+    kept = stamps(folder, *[n for n in ("ckpt-2", "ckpt-4") if n <= resumed_from])
+    capsys.readouterr()
+    info = fit(Trainer(config))
+    said = capsys.readouterr().err
+    assert info["status"] == "finished" and info["checkpoint"] == "ckpt-8"
+    assert stamps(folder, *kept) == kept  # neither overwritten by a restart nor deleted
+    assert "epoch 1/2" in said if resumed_from == "ckpt-2" else "epoch 1/2" not in said
+    if skipped:
+        assert f"resuming from {folder / resumed_from}; skipped {folder}/{skipped}" in said
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (
+            lambda folder: [p.unlink() for p in folder.iterdir()],
+            "ckpt-4 (missing, named by run.json)",
+        ),
+        (
+            lambda folder: [p.write_bytes(b"x") for p in folder.glob("ckpt-*.index")],
+            "ckpt-4 (damaged: ",
+        ),
+    ],
+    ids=["folder-emptied", "all-damaged"],
+)
+def test_no_intact_checkpoint_for_what_run_json_says_is_refused(stepped, damage, named):
+    """A damaged checkpoint is named as damaged, never as "does not fit the configured model";
+    nothing in the run directory changes."""
+    from pathlib import Path
+
+    config = stepped(*STEPPED, "train.epochs=2")
+    run_dir = Path(config.train.run_dir)
+    damage(run_dir / "checkpoints")
+    before = snapshot(run_dir)
+    with pytest.raises(ConfigError) as refused:
+        fit(Trainer(config))
+    message = str(refused.value)
+    assert message.startswith(f"{run_dir / 'run.json'} names checkpoint ckpt-4 (optimizer step 4)")
+    assert f"{run_dir / 'checkpoints'}/{named}" in message and "does not fit" not in message
+    assert snapshot(run_dir) == before
