@@ -146,6 +146,59 @@ def test_a_lost_worker_ends_prepare_with_an_error_and_keeps_the_old_dataset(
     assert leftovers(tmp_path) == [], "staging directory left behind"
 
 
+# A worker stopped while it sends a result leaves half a message in the result pipe. The worker
+# here stops itself once its main thread is inside the write of a 300 MB result (the kernel's
+# record of that thread's system call), so the stop always lands inside the send, however fast
+# the machine is.
+STOPPED_MID_SEND = """
+import os, signal, sys, threading, time, types
+from pathlib import Path
+import hvdtrack.prepare.jobs as jobs
+
+def writing(pid):
+    with open(f"/proc/self/task/{pid}/syscall") as call:
+        fields = call.read().split()
+    return fields[0] == "1" and int(fields[3], 16) >= 2**20  # write(fd, buffer, count)
+
+def stop_mid_send(pid):
+    while not writing(pid):
+        time.sleep(0.001)
+    time.sleep(0.005)
+    os.kill(pid, signal.SIGSTOP)
+
+def send_then_stop(job):
+    threading.Thread(target=stop_mid_send, args=(os.getpid(),), daemon=True).start()
+    return b"x" * 300_000_000
+
+jobs.process_event = send_then_stop  # the forked workers run it
+try:
+    list(jobs.process_events([types.SimpleNamespace(event_id=e) for e in (1, 2)], 2, 5.0, Path("t")))
+except jobs.DataError as err:
+    print(err, flush=True)
+    sys.exit(2)
+"""
+
+
+def test_a_worker_stopped_while_it_sends_a_result_does_not_hang_prepare(tmp_path):
+    process = subprocess.Popen(
+        [sys.executable, "-c", STOPPED_MID_SEND],
+        cwd=tmp_path,
+        env=worker_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        # A bound against a hang only: the deadline inside is 5 s.
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # the stopped workers too, if it hung
+    assert process.returncode == 2, stderr[-2000:]
+    assert "no preparation worker finished an event within 5 s while events 1, 2" in stdout
+
+
 def test_a_missing_or_truncated_shard_makes_the_dataset_stale(tmp_path, capsys):
     config = tiny(tmp_path / "data")
     prepare_dataset(config, progress=False)

@@ -29,6 +29,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -172,7 +173,7 @@ def process_events(
     except BaseException:
         _stop(pool)
         raise
-    pool.shutdown()
+    _finish(pool, deadline_s)
 
 
 def _worker_error(err: Exception, events: list[int], deadline_s: float, target: Path) -> DataError:
@@ -195,11 +196,40 @@ def _worker_error(err: Exception, events: list[int], deadline_s: float, target: 
 def _stop(pool: ProcessPoolExecutor) -> None:
     """Stops the pool at once: queued events are dropped, running (or stuck) workers killed."""
     # The executor has no public way to kill its workers (shutdown waits for running events).
-    processes = list((pool._processes or {}).values())
+    processes, results = list((pool._processes or {}).values()), pool._result_queue
+    _kill(processes, results)
     pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _finish(pool: ProcessPoolExecutor, deadline_s: float) -> None:
+    """Ends a pool whose events are all done: idle workers exit when told to; one that has not
+    within ``deadline_s`` (stopped, stuck in exit) is killed rather than waited for."""
+    processes, results = list((pool._processes or {}).values()), pool._result_queue
+    pool.shutdown(wait=False)
+    end = time.monotonic() + deadline_s
+    for process in processes:
+        process.join(max(0.0, end - time.monotonic()))
+    if any(p.is_alive() for p in processes):
+        _kill(processes, results)
+
+
+def _kill(processes: list, results) -> None:
+    """Kills ``processes`` (SIGKILL ends even a stopped one) and waits for them to end.
+
+    A worker stopped or killed in the middle of sending a result leaves half a message in the
+    result pipe: the executor's manager thread then waits for the rest forever, and so does the
+    interpreter's exit, which joins that thread. With every worker dead, closing this process's
+    own end of that pipe turns the wait into end-of-file, which the executor takes as a broken
+    pool.
+    """
     for process in processes:
         with contextlib.suppress(OSError, ValueError):
             process.kill()
+    for process in processes:
+        with contextlib.suppress(ValueError, AssertionError):
+            process.join()
+    with contextlib.suppress(AttributeError, OSError):
+        results._writer.close()
 
 
 def fingerprint(config: Config) -> dict:
