@@ -153,7 +153,7 @@ def test_a_lost_worker_ends_prepare_with_an_error_and_keeps_the_old_dataset(
 STOPPED_MID_SEND = """
 import os, signal, sys, threading, time, types
 from pathlib import Path
-import hvdtrack.prepare.jobs as jobs
+import hvdtrack.prepare.pool as pool
 
 def writing(pid):
     with open(f"/proc/self/task/{pid}/syscall") as call:
@@ -170,10 +170,10 @@ def send_then_stop(job):
     threading.Thread(target=stop_mid_send, args=(os.getpid(),), daemon=True).start()
     return b"x" * 300_000_000
 
-jobs.process_event = send_then_stop  # the forked workers run it
+pool.process_event = send_then_stop  # the forked workers run it
 try:
-    list(jobs.process_events([types.SimpleNamespace(event_id=e) for e in (1, 2)], 2, 5.0, Path("t")))
-except jobs.DataError as err:
+    list(pool.process_events([types.SimpleNamespace(event_id=e) for e in (1, 2)], 2, 5.0, Path("t")))
+except pool.DataError as err:
     print(err, flush=True)
     sys.exit(2)
 """

@@ -12,16 +12,26 @@ and prints the strong-scaling efficiency t1 / (2 * t2) of each strategy and the 
 (t1 - t_local) / t_local, from the epoch times (median after the first epoch, slowest rank: the
 study's figure) and, as a cross-check, from the median step times, all recorded by the runs
 themselves (``timing.jsonl``). With every epoch accounted for, the two agree.
+
+Each efficiency is also stated against this machine's ceiling for 2 ranks (``bench ceiling``: a
+rank's step, G/2 mean graphs of the training split, alone and twice at once, one per core):
+efficiency / ceiling is the share of what the hardware allows that the strategy reaches, the
+figure to compare between machines.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from hvdtrack.bench.ceiling import Ceiling, measure_ceiling, rank_share
+from hvdtrack.config import load_config, resolve_config_path
+from hvdtrack.errors import DataError
 from hvdtrack.runs.timing import Run, read_run
 from hvdtrack.scaling import maths
 from hvdtrack.scaling.sweep import plan_sweep, run_sweep
@@ -153,11 +163,41 @@ def table_lines(args: argparse.Namespace, figures: dict) -> list[str]:
     ]
 
 
+def ceiling_figures(args: argparse.Namespace) -> dict:
+    """This machine's ceiling for 2 ranks (``bench ceiling``) on a rank's share of a step,
+    measured into ``--out``/ceiling.json (read back with --report-only)."""
+    path = Path(args.out) / "ceiling.json"
+    if args.report_only:
+        try:
+            fields = json.loads(path.read_text())
+            result = Ceiling(*(fields[f.name] for f in dataclasses.fields(Ceiling)))
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise DataError(
+                f"{path}: no ceiling measured ({err}); run without --report-only"
+            ) from None
+    else:
+        config = load_config(resolve_config_path(args.config), [])
+        nodes, edges = rank_share(config.data.dataset_dir, args.global_batch / 2)
+        result = measure_ceiling(args.config, 2, nodes, edges)
+    figures = {**dataclasses.asdict(result), "ceiling": result.ceiling}
+    if not args.report_only:
+        write_json(path, figures)
+    return figures
+
+
 def efficiency_lines(figures: dict) -> list[str]:
-    """Adds each strategy's strong-scaling efficiencies to ``figures``; their lines, then
-    Horovod's overhead."""
+    """Adds each strategy's strong-scaling efficiencies to ``figures`` (also against the
+    ceiling when ``figures`` holds one); their lines, then Horovod's overhead."""
     epoch, sums, step = (figures[k] for k in ("epoch_s", "epoch_step_sum_s", "median_step_s"))
+    ceiling = figures.get("ceiling", {}).get("ceiling")
     lines = []
+    if ceiling:
+        c = figures["ceiling"]
+        lines.append(
+            f"  ceiling for 2 ranks here: a rank's step ({c['nodes']} nodes, {c['edges']} edges) "
+            f"{1e3 * c['alone_s']:.0f} ms alone, {1e3 * max(c['together_s']):.0f} ms two at once "
+            f"-> t_alone/t_together {ceiling:.3f}"
+        )
     for strategy, one, two in STRATEGIES:
         on_epochs = maths.efficiency("strong", epoch[one], epoch[two], 2)
         on_sums = maths.efficiency("strong", sums[one], sums[two], 2)
@@ -165,10 +205,15 @@ def efficiency_lines(figures: dict) -> list[str]:
         figures[f"{strategy}_strong_efficiency_epoch"] = on_epochs
         figures[f"{strategy}_strong_efficiency_step_sum"] = on_sums
         figures[f"{strategy}_strong_efficiency_median_step"] = on_medians
+        against = ""
+        if ceiling:
+            figures[f"{strategy}_of_ceiling_epoch"] = on_epochs / ceiling
+            against = f"; {on_epochs / ceiling:.3f} of the ceiling on epochs"
         lines.append(
             f"  {strategy} strong-scaling efficiency t1/(2*t2): {on_epochs:.3f} on epochs, "
             f"{on_sums:.3f} on the epochs' step sums ({100 * (on_sums / on_epochs - 1):+.1f}%), "
             f"{on_medians:.3f} on median steps ({100 * (on_medians / on_epochs - 1):+.1f}%)"
+            f"{against}"
         )
     lines.append(
         f"  Horovod overhead on one rank: {100 * figures['horovod_overhead_epoch']:+.1f}% on "
@@ -184,6 +229,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     dirs.update(horovod_runs(args, common))
     runs = {name: read_run(path) for name, path in sorted(dirs.items())}
     figures = measure(args, runs)
+    figures["ceiling"] = ceiling_figures(args)
     lines = [*table_lines(args, figures), *efficiency_lines(figures)]
     print("\n".join(lines))
     if args.json:

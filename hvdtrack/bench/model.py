@@ -70,7 +70,7 @@ class Timing:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs the benchmark; returns the process exit code."""
-    args = _parse_args(argv)
+    args = parse_args(argv)
     # Training's process settings (its allocator), before TensorFlow starts; explicit values win.
     start(TRAINING)
     try:
@@ -82,7 +82,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return err.exit_code
 
 
-def _parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m hvdtrack.bench model", description=__doc__.splitlines()[0]
     )
@@ -157,7 +157,7 @@ def _config(args: argparse.Namespace):
     return load_config(resolve_config_path(args.config), overrides + forced)
 
 
-def _trainer(args: argparse.Namespace):
+def build_step(args: argparse.Namespace):
     """The configured training step (``TrainStep``) over a fresh state, built from the same
     pieces as ``hvdtrack train``'s; its Workers set TensorFlow's threads before any op runs.
     No dataset: a constant learning rate at the configured (scaled) peak."""
@@ -183,7 +183,7 @@ def _run(args: argparse.Namespace) -> int:
         return _largest_graph(args)
     if args.memory:
         return _memory_table(args)
-    trainer = _trainer(args)
+    trainer = build_step(args)
     from hvdtrack.model.cost import num_parameters, train_step_flops
 
     config = trainer.config.model
@@ -193,10 +193,12 @@ def _run(args: argparse.Namespace) -> int:
     records = []
     for num_nodes, num_edges in zip(args.nodes, args.edges):
         graphs, labels = synthetic_graph(num_nodes, num_edges, args.seed)
-        step = _step_fn(trainer, graphs, labels)
+        step = step_fn(trainer, graphs, labels)
         flops = train_step_flops(config, num_nodes, num_edges, NUM_NODE_FEATURES, NUM_EDGE_FEATURES)
-        matmuls = _time(model_matmuls_fn(config, num_nodes, num_edges), args.warmup, args.repeats)
-        timing = _time(step, args.warmup, args.repeats)
+        matmuls = time_calls(
+            model_matmuls_fn(config, num_nodes, num_edges), args.warmup, args.repeats
+        )
+        timing = time_calls(step, args.warmup, args.repeats)
         rate = flops / matmuls.median
         print(f"\n--- {num_nodes} nodes, {num_edges} edges: {flops / 1e9:.2f} GFLOP of matmuls ---")
         print(f"matmul rate: {rate / 1e9:.1f} GFLOP/s (its matmuls alone: {matmuls.describe()})")
@@ -231,7 +233,7 @@ def _write_json(args, config, records) -> None:
         print(f"figures written to {args.json}")
 
 
-def _step_fn(trainer, graphs, labels) -> Callable[[], object]:
+def step_fn(trainer, graphs, labels) -> Callable[[], object]:
     batches = itertools.repeat([(graphs, labels)])
     return lambda: trainer.run(batches)
 
@@ -310,9 +312,9 @@ def _probe(args: argparse.Namespace) -> int:
 
     from hvdtrack.utils import memory
 
-    trainer = _trainer(args)
+    trainer = build_step(args)
     graphs, labels = synthetic_graph(args.nodes[0], args.edges[0], args.seed)
-    step = _step_fn(trainer, graphs, labels)
+    step = step_fn(trainer, graphs, labels)
     before = memory.rss_bytes()
     memory.reset_peak()
     start = time.perf_counter()
@@ -322,7 +324,7 @@ def _probe(args: argparse.Namespace) -> int:
     timing = None
     if args.repeats:  # the allocator's peak of a later step (else: since the start)
         tf.config.experimental.reset_memory_stats("CPU:0")
-        timing = _time(step, 0, args.repeats)
+        timing = time_calls(step, 0, args.repeats)
     device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
     print(
         json.dumps(
@@ -437,7 +439,7 @@ def _load() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _time(fn: Callable[[], object], warmup: int, repeats: int) -> Timing:
+def time_calls(fn: Callable[[], object], warmup: int, repeats: int) -> Timing:
     for _ in range(warmup):
         fn()
     seconds, cpu_seconds = [], []

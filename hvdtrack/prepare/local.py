@@ -20,12 +20,11 @@ from hvdtrack.prepare.jobs import (
     build_target,
     disk_errors,
     kept_report,
-    process_events,
     split_jobs,
     stale_reason,
     stopped_by_signals,
-    usable_cpus,
 )
+from hvdtrack.prepare.pool import process_events, usable_cpus
 from hvdtrack.prepare.report import add_row, empty_counts, report_row, write_report
 from hvdtrack.records.shards import DatasetWriter
 from hvdtrack.utils.console import counter

@@ -33,11 +33,10 @@ from hvdtrack.prepare.jobs import (
     build_target,
     disk_errors,
     kept_report,
-    process_events,
     split_jobs,
     stopped_by_signals,
-    usable_cpus,
 )
+from hvdtrack.prepare.pool import process_events, usable_cpus
 from hvdtrack.prepare.report import Counts, add_row, empty_counts, report_row, write_report
 from hvdtrack.records.manifest import GraphInfo, Manifest, ShardInfo
 from hvdtrack.records.shards import plan_shards, write_shard_file

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from hvdtrack.bench import distributed
+from hvdtrack.errors import DataError
 from tests.scaling.conftest import write_synthetic_run
 
 # name -> (workers, epoch_s[epoch][rank], per-worker batch), global batch 2
@@ -31,6 +32,8 @@ def test_report_only_computes_the_figures_of_the_runs_in_out(tmp_path, capsys):
             global_batch_graphs=2,
             info={"edges_processed": 1200},
         )
+    ceiling = dict(processes=2, nodes=8000, edges=22000, alone_s=0.40, together_s=[0.44, 0.45])
+    (out / "ceiling.json").write_text(json.dumps(ceiling))
     args = ["--out", str(out), "--epochs", "3", "--report-only", "--json", str(tmp_path / "f.json")]
     assert distributed.main(args) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -46,9 +49,14 @@ def test_report_only_computes_the_figures_of_the_runs_in_out(tmp_path, capsys):
         "np2",
     ]
     assert lines[3].split()[1:] == ["12.55", "1.23", "0.6150"]
-    assert lines[8].startswith("  horovod strong-scaling efficiency t1/(2*t2): 0.886 on epochs")
-    assert lines[9].startswith("  mirrored strong-scaling efficiency t1/(2*t2): 0.773 on epochs")
-    assert lines[10] == "  Horovod overhead on one rank: +8.0% on epochs (+0.0% on steps)"
+    assert lines[8] == (
+        "  ceiling for 2 ranks here: a rank's step (8000 nodes, 22000 edges) 400 ms alone, "
+        "450 ms two at once -> t_alone/t_together 0.889"
+    )
+    assert lines[9].startswith("  horovod strong-scaling efficiency t1/(2*t2): 0.886 on epochs")
+    assert lines[9].endswith("; 0.996 of the ceiling on epochs")
+    assert lines[10].startswith("  mirrored strong-scaling efficiency t1/(2*t2): 0.773 on epochs")
+    assert lines[11] == "  Horovod overhead on one rank: +8.0% on epochs (+0.0% on steps)"
     figures = json.loads((tmp_path / "f.json").read_text())
     assert list(figures)[:9] == [
         "config", "global_batch_graphs", "epochs", "epoch_s", "median_step_s",
@@ -57,6 +65,16 @@ def test_report_only_computes_the_figures_of_the_runs_in_out(tmp_path, capsys):
     assert figures["edges_per_epoch"] == 400.0
     assert figures["horovod_strong_efficiency_epoch"] == pytest.approx(13.55 / (2 * 7.65))
     assert figures["mirrored_strong_efficiency_epoch"] == pytest.approx(12.6 / (2 * 8.15))
+    assert figures["horovod_of_ceiling_epoch"] == pytest.approx(13.55 / (2 * 7.65) / (0.40 / 0.45))
+
+
+def test_report_only_without_a_measured_ceiling_says_so(tmp_path):
+    with pytest.raises(
+        DataError, match=r"ceiling.json: no ceiling measured .* without --report-only"
+    ):
+        distributed.ceiling_figures(
+            distributed.parse_args(["--out", str(tmp_path), "--report-only"])
+        )
 
 
 def test_it_prepares_then_trains_local_mirrored_and_a_horovod_sweep(tmp_path, monkeypatch):

@@ -1,0 +1,216 @@
+"""The machine's ceiling for ranks on one host: a rank's training step alone, then once per core
+slice in as many processes at the same time, the way ranks run.
+
+  python -m hvdtrack.bench ceiling [--config configs/default.yaml] [--processes 2]
+                                   [--nodes N --edges E] [--repeats 10]
+
+Each process is pinned to its own slice of this process's cores (``core_slice``: the slices
+Horovod ranks get with ``distributed.pin_cores``) and runs the training step of ``bench model``
+with one intra-op thread per core of its slice, on one synthetic graph of ``--nodes`` /
+``--edges`` (default: a rank's share of a strong-scaling step, ``--graphs`` mean graphs of the
+config's prepared training split). Every process builds and warms up its step, then all start
+timing together (a barrier) and time ``--repeats`` steps. The process alone does the same with
+the rest of the machine idle.
+
+ceiling = t_alone / t_together (median step time; t_together the slowest process's median): what
+strong-scaling efficiency t1 / (N tN) can reach on this host when the N ranks share its memory
+bandwidth and caches, with a perfect exchange and perfect balance. ``bench distributed`` states
+its efficiencies against 1 and against this ceiling, so a figure that moves between machines says
+whether the machine or hvdtrack moved it.
+
+Public symbols: ``Ceiling``, ``measure_ceiling``, ``rank_share``, ``main``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing
+import os
+import queue
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from hvdtrack.errors import ConfigError, HvdtrackError
+
+BARRIER_TIMEOUT_S = 600.0  # building and warming up a step; a process that never gets there fails
+
+
+@dataclasses.dataclass(frozen=True)
+class Ceiling:
+    """Median step seconds of one process alone and of each of N at once, and their ratio."""
+
+    processes: int
+    nodes: int
+    edges: int
+    alone_s: float
+    together_s: list[float]  # per process, in core-slice order
+
+    @property
+    def ceiling(self) -> float:
+        return self.alone_s / max(self.together_s)
+
+    def describe(self) -> str:
+        together = ", ".join(f"{1e3 * t:.1f}" for t in self.together_s)
+        return (
+            f"step of {self.nodes} nodes / {self.edges} edges: alone {1e3 * self.alone_s:.1f} ms, "
+            f"{self.processes} at once {together} ms -> ceiling t_alone/t_together "
+            f"{self.ceiling:.3f}"
+        )
+
+
+def rank_share(dataset_dir: str | os.PathLike, graphs: float) -> tuple[int, int]:
+    """(nodes, edges) of ``graphs`` mean graphs of a prepared dataset's training split (its
+    ``report.json``). ConfigError naming the file when it is missing or holds no such split."""
+    path = Path(dataset_dir) / "report.json"
+    try:
+        train = json.loads(path.read_text())["splits"]["train"]
+        nodes, edges = float(train["nodes_mean"]), float(train["edges_mean"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(
+            f"{path}: no mean graph size of a training split ({err}); prepare the dataset "
+            "first (python -m hvdtrack.prepare --config ...) or give --nodes and --edges"
+        ) from None
+    return max(1, round(nodes * graphs)), max(1, round(edges * graphs))
+
+
+def measure_ceiling(
+    config: Optional[str],
+    processes: int,
+    nodes: int,
+    edges: int,
+    repeats: int = 10,
+    warmup: int = 2,
+    overrides: Sequence[str] = (),
+) -> Ceiling:
+    """Times the step alone, then ``processes`` at once (see the module docstring).
+
+    Raises:
+      HvdtrackError: fewer cores than processes, or a process that failed or did not reach
+        the start within ``BARRIER_TIMEOUT_S``.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if processes < 1 or len(cpus) < processes:
+        raise ConfigError(
+            f"--processes {processes}: this process may run on {len(cpus)} cores; the ceiling "
+            "needs one core slice per process"
+        )
+    job = dict(config=config, nodes=nodes, edges=edges, repeats=repeats, warmup=warmup)
+    job["overrides"] = list(overrides)
+    (alone,) = _run_together(job, [cpus[: len(cpus) // processes]])
+    per = len(cpus) // processes
+    together = _run_together(job, [cpus[i * per : (i + 1) * per] for i in range(processes)])
+    return Ceiling(processes, nodes, edges, alone, together)
+
+
+def _run_together(job: dict, slices: list[list[int]]) -> list[float]:
+    """Median step seconds of one process per core slice, timed from one barrier."""
+    context = multiprocessing.get_context("spawn")  # a fresh TensorFlow in each
+    barrier, results = context.Barrier(len(slices)), context.Queue()
+    workers = [
+        context.Process(target=_time_step, args=(job, cores, i, barrier, results), daemon=True)
+        for i, cores in enumerate(slices)
+    ]
+    for worker in workers:
+        worker.start()
+    medians: dict[int, float] = {}
+    try:
+        while len(medians) < len(workers):
+            try:
+                index, median, error = results.get(timeout=2 * BARRIER_TIMEOUT_S)
+            except queue.Empty:
+                raise HvdtrackError(
+                    f"a ceiling process gave no result within {2 * BARRIER_TIMEOUT_S:g} s"
+                ) from None
+            if error:
+                raise HvdtrackError(f"ceiling process {index} failed: {error}")
+            medians[index] = median
+    finally:
+        for worker in workers:
+            worker.join(timeout=10)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+    return [medians[i] for i in range(len(workers))]
+
+
+def _time_step(job: dict, cores: list[int], index: int, barrier, results) -> None:
+    """One process: pinned to ``cores`` before TensorFlow starts, one thread per core."""
+    try:
+        os.sched_setaffinity(0, cores)
+        from hvdtrack.bench import model
+        from hvdtrack.entry import TRAINING, start
+
+        start(TRAINING)
+        argv = ["--threads", str(len(cores)), "--nodes", str(job["nodes"])]
+        argv += ["--edges", str(job["edges"])]
+        argv += [] if job["config"] is None else ["--config", job["config"]]
+        for override in job["overrides"]:
+            argv += ["--set", override]
+        args = model.parse_args(argv)
+        step = model.step_fn(
+            model.build_step(args), *model.synthetic_graph(job["nodes"], job["edges"])
+        )
+        for _ in range(job["warmup"]):
+            step()
+        barrier.wait(timeout=BARRIER_TIMEOUT_S)
+        timing = model.time_calls(step, 0, job["repeats"])
+        results.put((index, timing.median, None))
+    except BaseException as err:  # noqa: BLE001 - reported to the parent, which raises
+        _abort(barrier)
+        results.put((index, 0.0, f"{type(err).__name__}: {err}"))
+
+
+def _abort(barrier) -> None:
+    """Releases the other processes waiting at ``barrier`` (they fail at once, not at its
+    timeout)."""
+    try:
+        barrier.abort()
+    except Exception:  # noqa: BLE001 - best effort
+        pass
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m hvdtrack.bench ceiling", description=__doc__.splitlines()[0]
+    )
+    add = parser.add_argument
+    add("--config", default="configs/default.yaml")
+    add("--processes", type=int, default=2, help="processes at once (ranks per host; default 2)")
+    add("--graphs", type=float, default=1.0, help="mean graphs per process step (default 1)")
+    add("--nodes", type=int, default=None, help="nodes of the step's graph (default: --graphs)")
+    add("--edges", type=int, default=None, help="edges of the step's graph (default: --graphs)")
+    add("--repeats", type=int, default=10, help="timed steps (default 10)")
+    add("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    add("--json", default=None, help="also write the figures here")
+    args = parser.parse_args(argv)
+    if (args.nodes is None) != (args.edges is None):
+        parser.error("give both --nodes and --edges, or neither")
+    if args.repeats < 1 or args.warmup < 1 or args.processes < 1:
+        parser.error("--repeats, --warmup and --processes must be >= 1")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    nodes, edges = args.nodes, args.edges
+    if nodes is None:
+        from hvdtrack.config import load_config, resolve_config_path
+
+        config = load_config(resolve_config_path(args.config), [])
+        nodes, edges = rank_share(config.data.dataset_dir, args.graphs)
+    result = measure_ceiling(args.config, args.processes, nodes, edges, args.repeats, args.warmup)
+    print(result.describe())
+    if args.json:
+        from hvdtrack.utils.io import write_json
+
+        write_json(args.json, {**dataclasses.asdict(result), "ceiling": result.ceiling})
+    return 0
+
+
+if __name__ == "__main__":
+    from hvdtrack.entry import QUIET, run
+
+    sys.exit(run(main, settings=QUIET))
