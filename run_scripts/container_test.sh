@@ -228,9 +228,9 @@ in_image 60 id -u >"$tmp/uid" 2>&1 || { cat "$tmp/uid" >&2; die "the image does 
 uid="$(cat "$tmp/uid")"
 [ "$uid" = "$user_id" ] || die "the image runs as uid $uid, not $user_id (docker/Dockerfile's USER)"
 say "the image runs as uid $uid"
-in_image 60 python -c 'from hvdtrack.model.norm import fused_kernels; assert fused_kernels()' \
-    >"$tmp/kernel" 2>&1 || { cat "$tmp/kernel" >&2; die "the image's user cannot load the fused layer-norm kernel built into it"; }
-say "the image's user loads the fused layer-norm kernel ($(in_image 60 printenv HVDTRACK_OPS_CACHE))"
+in_image 60 python -c 'from hvdtrack.model.kernels import fused_kernels; assert fused_kernels()' \
+    >"$tmp/kernel" 2>&1 || { cat "$tmp/kernel" >&2; die "the image's user cannot load the kernel library built into it"; }
+say "the image's user loads the kernel library ($(in_image 60 printenv HVDTRACK_OPS_CACHE))"
 
 t0=$(date +%s.%N)
 in_image "$run_s" python -m hvdtrack.prepare --config "$config" >"$tmp/prepare.log" 2>&1 ||

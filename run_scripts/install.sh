@@ -182,9 +182,9 @@ if ! out="$(check_build)"; then
         "remove $cache_dir and run again to rebuild Horovod; the build log tail is above"
 fi
 printf '%s\n' "$out" | sed -n '/Available Frameworks/,/Available Tensor Operations/p' | sed 's/^/[install]   /'
-say "building the fused layer-norm kernel (hvdtrack/model/layer_norm.cc)"
-kernel="$("$py" -c 'from hvdtrack.model.norm import build_kernel; print(build_kernel())')" \
-    || die "building hvdtrack/model/layer_norm.cc failed" "the compiler's output is above"
+say "building the kernel library (hvdtrack/model/layer_norm.cc, segment_sum.cc)"
+kernel="$("$py" -c 'from hvdtrack.model.kernels import build_kernel; print(build_kernel())')" \
+    || die "building the kernel library (hvdtrack/model/*.cc) failed" "the compiler's output is above"
 say "  $kernel"
 echo "$fingerprint" >"$stamp"
 say "done: $py"

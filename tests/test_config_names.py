@@ -57,7 +57,7 @@ def test_packaged_configs_are_in_the_installed_package():
 
 
 def test_setup_cfg_ships_them_as_package_data():
-    # with the kernel source that hvdtrack.model.norm compiles on first use
+    # with the kernel sources that hvdtrack.model.kernels compiles on first use
     setup = configparser.ConfigParser()
     setup.read(REPO / "setup.cfg")
     shipped = [p.strip() for p in setup["options.package_data"]["hvdtrack"].split(",")]

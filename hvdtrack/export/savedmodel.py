@@ -4,7 +4,8 @@ The serving signature ``serving_default`` takes one graph, ``nodes`` float32 [N,
 ``edges`` float32 [E, 4] (the features of ``graphs.construction``, scaled as the run's
 ``data.graph`` says), ``senders`` and ``receivers`` int32 [E] (node indices, inner hit to outer
 hit), and returns ``scores`` float32 [E] (sigmoid of the last step's logit, as ``evaluate``).
-The layer norms are traced under ``norm.plain_ops`` so the saved graph holds no custom op.
+The model is traced under ``kernels.plain_ops`` (layer norms and segment sums in TensorFlow ops)
+so the saved graph holds no custom op.
 ``EXPORT_INFO`` beside the model records the run, checkpoint and the graph config that makes
 its inputs.
 
@@ -21,13 +22,14 @@ from graph_nets import graphs as gn_graphs
 
 from hvdtrack.errors import ConfigError
 from hvdtrack.evaluate.inference import check_output, load_classifier
-from hvdtrack.model.norm import plain_ops
+from hvdtrack.model.kernels import plain_ops
 from hvdtrack.records.schema import EDGE_FEATURE_SIZE, NODE_FEATURE_SIZE
 from hvdtrack.utils.io import Staged, write_json
 
 EXPORT_INFO = "hvdtrack-export.json"
 SIGNATURE = "serving_default"
-# Ops of TensorFlow's own op registry never start so; the fused kernels (layer_norm.cc) do.
+# Ops of TensorFlow's own op registry never start so; those of the kernel library
+# (hvdtrack.model.kernels) do.
 _CUSTOM_PREFIX = "Hvdtrack"
 
 

@@ -11,7 +11,8 @@ The architecture of the 2019-2020 graph_nets tracking studies:
    ``graph_nets.modules.InteractionNetwork`` only aggregates received edges; a hit in the middle
    of a track needs both its inner and outer segments, so the core is built from
    ``blocks.EdgeBlock`` and ``blocks.NodeBlock(use_received_edges=True, use_sent_edges=True)``
-   with sum reducers (``segment_sum``: ``tf.math.unsorted_segment_sum``, cheaper gradient).
+   with sum reducers (``segment_sum``: the kernel library's ``HvdtrackSegmentSum`` on CPU, else
+   ``tf.math.unsorted_segment_sum``; a gather as gradient).
 3. Output head (``edge_output``): MLP ``output_head`` sizes then one linear unit -> logit [E],
    applied after every core step (``output_every_step``) or after the last one.
 
@@ -37,6 +38,7 @@ from graph_nets import blocks
 from graph_nets.graphs import GraphsTuple
 
 from hvdtrack.model.config import ACTIVATION_NAMES, ModelConfig
+from hvdtrack.model.kernels import fused_kernels
 from hvdtrack.model.norm import LayerNorm
 
 ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
@@ -51,26 +53,40 @@ MODULE_NAMES = ("node_encoder", "edge_encoder", "edge_update", "node_update", "e
 
 
 def segment_sum(values: tf.Tensor, segment_ids: tf.Tensor, num_segments) -> tf.Tensor:
-    """``tf.math.unsorted_segment_sum`` whose gradient is a plain gather.
+    """The sum of the rows of ``values`` per segment id, whose gradient is a plain gather.
 
-    TensorFlow's own gradient also handles negative (dropped) ids with an extra zeros_like and
-    select over [E, width]; edge endpoints are always valid node indices, so those are wasted
-    (about 5% of a training step; see ``hvdtrack.bench.model --profile``).
+    On CPU, for float32 [E, width] values and int32 ids, the kernel library's
+    ``HvdtrackSegmentSum`` (``segment_sum.cc``): it scales with the intra-op threads and gives
+    the same sums at any thread count, equal bit for bit to TensorFlow's one-thread kernel.
+    Elsewhere (``kernels.fused_kernels()`` is None, other dtypes) it is
+    ``tf.math.unsorted_segment_sum``. TensorFlow's own gradient also handles negative (dropped)
+    ids with an extra zeros_like and select over [E, width]; edge endpoints are always valid
+    node indices, so those are wasted (about 5% of a training step; see
+    ``hvdtrack.bench.model --breakdown``).
 
     Args:
-      values: float32 [E, width].
+      values: float [E, width].
       segment_ids: int32 [E], each in [0, num_segments).
       num_segments: scalar int, N.
 
     Returns:
-      float32 [N, width], row n the sum of the rows of ``values`` whose id is n.
+      [N, width] in ``values``' dtype, row n the sum of the rows of ``values`` whose id is n.
+
+    Raises:
+      tf.errors.InvalidArgumentError: an id outside [0, num_segments) (named with its edge).
     """
+    values, segment_ids = tf.convert_to_tensor(values), tf.convert_to_tensor(segment_ids)
+    fused = values.dtype == tf.float32 and values.shape.rank == 2
+    kernels = fused_kernels() if fused and segment_ids.dtype == tf.int32 else None
 
     @tf.custom_gradient
     def _sum(values):
         def grad(upstream):
             return tf.gather(upstream, segment_ids)
 
+        if kernels:
+            count = tf.cast(num_segments, tf.int32)
+            return kernels.hvdtrack_segment_sum(values, segment_ids, count), grad
         return tf.math.unsorted_segment_sum(values, segment_ids, num_segments), grad
 
     return _sum(values)

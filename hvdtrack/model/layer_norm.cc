@@ -16,7 +16,7 @@
 // column sums of the gradient add the blocks' partial sums in block order, so every result
 // is the same whatever the number of threads (exact resumes depend on it).
 //
-// Built by hvdtrack/model/norm.py against the installed TensorFlow's headers.
+// Built with segment_sum.cc into the one kernel library by hvdtrack/model/kernels.py.
 
 #include <algorithm>
 #include <cmath>

@@ -1,112 +1,25 @@
 """Layer normalisation of the model's latents: ``snt.LayerNorm``'s function and variables, with
 a fused CPU kernel.
 
-On CPU the normalisation runs as two fused kernels (``layer_norm.cc``: one pass over [rows,
-width] forward, one backward), compiled on first use against the installed TensorFlow's
-headers and cached (``run_scripts/install.sh`` builds it ahead with ``build_kernel()``). With
-them the training step on 10k nodes / 80k edges takes 2.0 s instead of 2.6 s (1 thread,
-docs/performance.md). The same maths in TensorFlow ops (``_layer_norm_ops``) runs where the
-kernel cannot: on GPUs (it has no GPU kernel), without a C++ compiler (the reason is logged
-once), with ``HVDTRACK_FUSED_OPS=0``, and in functions traced under ``plain_ops()`` (an export
-that runtimes without the kernel load). Both give the same values to float32 rounding
-(tests/model/test_layer_norm.py).
+On CPU the normalisation runs as two fused kernels of the kernel library (``layer_norm.cc``:
+one pass over [rows, width] forward, one backward; built and loaded by ``kernels``). With them
+the training step on 10k nodes / 80k edges takes 2.0 s instead of 2.6 s (1 thread,
+docs/performance.md). The same maths in TensorFlow ops (``_layer_norm_ops``) runs wherever
+``kernels.fused_kernels()`` is None: on GPUs, without a C++ compiler, with
+``HVDTRACK_FUSED_OPS=0``, and in functions traced under ``kernels.plain_ops()``. Both give the
+same values to float32 rounding (tests/model/test_layer_norm.py).
 
-Cache: ``$HVDTRACK_OPS_CACHE``, else ``$XDG_CACHE_HOME/hvdtrack/ops`` (``~/.cache``), one file
-per source, TensorFlow version and compile flags, written beside and renamed into place.
+Public symbols: ``LayerNorm``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
-import hashlib
-import logging
-import os
-import subprocess
-import tempfile
-from pathlib import Path
-from typing import Any, Iterator, Optional
 
 import sonnet as snt
 import tensorflow as tf
 
-log = logging.getLogger(__name__)
-
-SOURCE = Path(__file__).with_name("layer_norm.cc")
-BUILD_TIMEOUT_S = 300
-# Baseline x86-64 code (no -march=native): a cache in a home directory shared by nodes of
-# different CPUs must load on every one of them; the kernels are memory-bound anyway.
-CXXFLAGS = ("-O3", "-fopenmp-simd", "-shared", "-fPIC")
-
-
-def ops_cache_dir() -> Path:
-    """Where built kernels are kept (see the module docstring)."""
-    if os.environ.get("HVDTRACK_OPS_CACHE"):
-        return Path(os.environ["HVDTRACK_OPS_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "hvdtrack" / "ops"
-
-
-def build_kernel(cache_dir: Optional[Path] = None) -> Path:
-    """The path of the built kernel library, compiling it first if it is not in the cache.
-
-    Raises:
-      OSError: no compiler, a failed or timed-out compilation (its output in the message), or
-        an unwritable cache directory.
-    """
-    flags = [*CXXFLAGS, *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
-    key = hashlib.sha256(SOURCE.read_bytes() + tf.__version__.encode() + " ".join(flags).encode())
-    path = (cache_dir or ops_cache_dir()) / f"layer_norm-{key.hexdigest()[:16]}.so"
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".partial")
-    os.close(fd)
-    try:
-        command = [os.environ.get("CXX", "g++"), str(SOURCE), "-o", partial, *flags]
-        try:
-            done = subprocess.run(
-                command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
-            )
-        except subprocess.TimeoutExpired:
-            raise OSError(f"compiling {SOURCE.name} took over {BUILD_TIMEOUT_S} s") from None
-        if done.returncode != 0:
-            raise OSError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
-        os.chmod(partial, 0o755)  # mkstemp's 0600 would hide it from other users (images)
-        os.replace(partial, path)  # concurrent builders (ranks) each rename a whole file
-    finally:
-        if os.path.exists(partial):
-            os.remove(partial)
-    return path
-
-
-_PLAIN_OPS = contextvars.ContextVar("hvdtrack_plain_ops", default=False)
-
-
-@contextlib.contextmanager
-def plain_ops() -> Iterator[None]:
-    """Layer norms traced in the block use TensorFlow ops only, never the fused kernel: what a
-    SavedModel needs to load where the kernel library is not (plain TensorFlow, converters)."""
-    token = _PLAIN_OPS.set(True)
-    try:
-        yield
-    finally:
-        _PLAIN_OPS.reset(token)
-
-
-@functools.cache
-def fused_kernels() -> Optional[Any]:
-    """The loaded kernel library, or None where the TensorFlow-ops version must run."""
-    if os.environ.get("HVDTRACK_FUSED_OPS", "1") == "0":
-        return None
-    if tf.config.list_physical_devices("GPU"):
-        return None  # a CPU-only kernel would pull GPU tensors to the host
-    try:
-        return tf.load_op_library(str(build_kernel()))
-    except (OSError, tf.errors.NotFoundError) as err:
-        log.warning("fused layer norm unavailable, using TensorFlow ops: %s", err)
-        return None
+from hvdtrack.model.kernels import fused_kernels
 
 
 class LayerNorm(snt.Module):
@@ -129,7 +42,7 @@ class LayerNorm(snt.Module):
         # Read as tensors (their gradients come from ``grad``), and in float32: statistics of
         # a 64-wide row in bfloat16 or float16 would lose most of their digits.
         scale, offset = (tf.cast(v, tf.float32) for v in (self.scale, self.offset))
-        kernels = fused_kernels() if x.shape.rank == 2 and not _PLAIN_OPS.get() else None
+        kernels = fused_kernels() if x.shape.rank == 2 else None
         norm = functools.partial(_layer_norm_fused, kernels) if kernels else _layer_norm_ops
         if x.dtype == tf.float32:
             return norm(x, scale, offset, self.eps)

@@ -20,6 +20,7 @@ EPILOG = """examples:
   python -m hvdtrack.scaling report runs/scaling/strong-np1 runs/scaling/strong-np2
   python -m hvdtrack.scaling report runs/tiny          # one run: its own report (also: summary)
   python -m hvdtrack.scaling predict runs/scaling/strong-np* --interconnect nvlink
+  python -m hvdtrack.scaling predict runs/scaling/strong-np* --ceiling 2=0.85 --ranks-per-host 2
 """
 NETWORKS = get_args(Interconnect)[:-1]  # the presets (not "custom")
 
@@ -80,6 +81,16 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--bandwidth-gbps", type=float, help="link bandwidth, gigabits/s")
     pred.add_argument("--latency-us", type=float, help="per-message latency, microseconds")
     pred.add_argument("--ns", default="8,16,32,64,128,256,512,1024", help="worker counts")
+    pred.add_argument(
+        "--ceiling",
+        default="",
+        metavar="R=C,...",
+        help="contention ceiling C (bench distributed's t_alone / t_concurrent) with R ranks per "
+        "host, e.g. 2=0.85; default: 1.0 (no contention)",
+    )
+    pred.add_argument(
+        "--ranks-per-host", type=int, default=1, help="of the predicted machine (its ceiling)"
+    )
 
     energy = command("energy", "which power counters this machine exposes")
     energy.add_argument("--measure", type=float, default=0.0, metavar="S", help="meter idle time")
@@ -135,27 +146,58 @@ def _predict(args: argparse.Namespace) -> None:
 
     if args.interconnect == "custom" and None in (args.bandwidth_gbps, args.latency_us):
         raise ConfigError("--interconnect custom needs --bandwidth-gbps and --latency-us")
+    ceilings = _ceilings(args.ceiling)
     given = _given(args, "interconnect", "bandwidth_gbps", "latency_us")
-    built = report.build_report(args.run_dirs, args.mode, args.measured_network, given)
+    built = report.build_report(
+        args.run_dirs, args.mode, args.measured_network, given, ceilings=ceilings
+    )
     if built.prediction is None:  # a note says why
         raise DataError(next(n for n in built.notes if n.startswith("no prediction")))
-    compute_s, gradient_bytes = map(built.prediction.get, ("step_compute_s", "gradient_bytes"))
+    model = maths.StepModel(**built.prediction["model"])
     network = maths.network_from_config(built.scaling)
-    note = "".join(f" ({n})" for n in built.notes if "num_params" in n)
+    ceiling = ceilings.get(args.ranks_per_host, 1.0)
     print(
-        f"{built.mode} scaling of {built.config_name}: single-worker step {compute_s * 1e3:.2f} ms "
-        f"without exchange, {gradient_bytes:,} gradient bytes{note}"
+        f"{built.mode} scaling of {built.config_name}: single-worker step {model.step_s * 1e3:.2f}"
+        f" ms without exchange = fixed {model.fixed_s * 1e3:.2f} ms + "
+        f"{model.per_edge_s:.3g} s/edge x {sum(model.edges) / len(model.edges):,.0f} edges;"
+        f" {model.gradient_bytes:,} gradient bytes, Horovod cycle {model.cycle_s * 1e3:g} ms, "
+        f"fusion {model.fusion_bytes / 2**20:g} MiB; ceiling {ceiling:g} "
+        f"({args.ranks_per_host} rank(s) per host)"
     )
+    cycle_ms = maths.cycle_wait(model.gradient_bytes, model.cycle_s, model.fusion_bytes) * 1e3
+    print(
+        f"N=1 exchange (one rank through Horovod's loop): measured {model.exchange_s * 1e3:.2f} "
+        f"ms, cycle term {cycle_ms:.2f} ms"
+    )
+    for note in model.notes:
+        print(f"  note: {note}")
     print(f"network {network.name}: {network.bandwidth_gbps:g} Gb/s, {network.latency_us:g} us")
     ns = sweep.parse_worker_counts(args.ns)
-    preds = maths.predict_scaling(compute_s, gradient_bytes, network, built.mode, ns)
+    preds = maths.predict_scaling(model, network, built.mode, ns, ceiling)
     table = pd.DataFrame(map(dataclasses.asdict, preds))
-    ms = {"compute_s": "compute ms", "allreduce_s": "allreduce ms", "step_s": "step ms"}
+    terms = ("compute", "fixed", "straggler", "cycle", "allreduce", "step")
+    ms = {f"{t}_s": f"{t} ms" for t in terms}
     table[list(ms)] *= 1e3
     print(table.rename(columns={"n": "N", **ms}).to_string(index=False, float_format="%.3f"))
     print("checked against the runs measured here:")
     for line in [v.describe() for v in built.validation] or ["(no multi-worker run given)"]:
         print(f"  {line}")
+
+
+def _ceilings(text: str) -> dict[int, float]:
+    """``"2=0.85,4=0.7"`` -> {2: 0.85, 4: 0.7}; ConfigError naming the bad item."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        ranks, _, value = item.partition("=")
+        try:
+            out[int(ranks)] = float(value)
+        except ValueError:
+            raise ConfigError(
+                f"--ceiling: '{item}' is not RANKS_PER_HOST=CEILING (e.g. 2=0.85)"
+            ) from None
+        if not 0 < out[int(ranks)]:
+            raise ConfigError(f"--ceiling: '{item}': the ceiling must be > 0")
+    return out
 
 
 def _energy(args: argparse.Namespace) -> None:

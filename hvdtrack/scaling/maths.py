@@ -6,24 +6,47 @@ worker). A synchronous step or epoch takes its slowest rank's time; ``epoch_time
 over the epochs after the first ``warmup_epochs`` (all of them when there are no more); step
 statistics leave out the steps any rank marked warm-up.
 
-Beyond this machine (``predict_scaling``, ``validate_against``): a ring-allreduce cost model fed
-by the measured step time.
-No overlap of compute and communication, one fused allreduce of B gradient bytes per step (as
-Horovod's tensor fusion does for models of this size):
+Beyond this machine (``predict_scaling``, ``validate_against``): a model of the synchronous
+step of N workers, fed by the N=1 run's measured steps (``baseline_inputs`` -> ``StepModel``):
 
-- ring allreduce over N workers: t(N) = 2(N-1)/N * B / bandwidth + 2(N-1) * latency
-- strong scaling: step(N) = t_c / N + t(N), efficiency t_c / (N step(N))
-- weak scaling:   step(N) = t_c + t(N),     efficiency t_c / step(N)
+    step(N) = [b E_N + a + straggler(N)] / ceiling + cycle + t(N)
 
-t_c is the single-worker step without the exchange (median of the N=1 run's non-warm-up
-steps). The strong model assumes compute shrinks as 1/N, which stops holding once batches get
-small or workers share cores; ``validate_against`` measures how far off it is on the runs here.
+- compute that shrinks, b E_N, and compute that does not, a: least squares over the N=1 run's
+  non-warm-up steps of the step without exchange (``total_s - exchange_s``: compute and data
+  wait) on the step's edges E. Strong scaling: E_N = mean(E) / N; weak: E_N = mean(E).
+- straggler(N): a synchronous step waits for its slowest rank. E[max over N ranks] - mean of
+  per-rank work b e + r, drawn from the N=1 steps (``straggler_wait``): e the rank's share of
+  a step's edges, r the step's residual of the fit; the expected maximum is exact over the
+  empirical distribution (``expected_max``), so the figure is deterministic.
+- ceiling (0, 1]: t_alone / t_concurrent when ranks share a host (``bench distributed``'s
+  "ceiling"); 1.0 unless given.
+- cycle: Horovod's background loop picks up the gradients on average half a cycle after they are
+  ready, once per fused round: ceil(B / fusion buffer) x cycle / 2 (``cycle_wait``); the cycle
+  from run.json's config (``distributed.horovod_cycle_time_ms``), else Horovod 0.28.1's default
+  1 ms; the fusion buffer is Horovod's default, 128 MiB.
+- t(N): ring allreduce of the B gradient bytes, no overlap with compute:
+  t(N) = 2(N-1)/N * B / bandwidth + 2(N-1) * latency (``ring_allreduce_time``).
+
+At N = 1 the model's step is a + b mean(E) + cycle: hvdtrack's exchange (``hvd.grouped_allreduce``,
+which has no one-rank shortcut, unlike ``DistributedGradientTape``) goes through Horovod's loop
+on one rank too; the N=1 run's measured exchange (``StepModel.exchange_s``) checks that term.
+Strong-scaling efficiency step(1) / (N step(N)), weak step(1) / step(N). ``validate_against``
+puts each term beside what a measured run shows: its exchange (cycle, allreduce and the wait for
+slower ranks) and its straggler (slowest rank minus the ranks' mean, without the exchange).
+
+Public symbols: ``STEP_FIELDS``, ``step_statistics``, ``step_times``, ``epoch_step_time``,
+``epoch_times``, ``epoch_time``, ``epoch_work``, ``efficiency``, ``DEFAULT_NS``,
+``HOROVOD_CYCLE_S``, ``HOROVOD_FUSION_BYTES``, ``NetworkModel``, ``PRESETS``, ``StepModel``,
+``Prediction``, ``Validation``, ``ring_allreduce_time``, ``cycle_wait``, ``expected_max``,
+``straggler_wait``, ``predict_scaling``, ``network_from_config``, ``baseline_inputs``,
+``validate_against``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+import math
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -104,6 +127,10 @@ def efficiency(mode: str, t1: float, tn: float, n: int) -> float:
 
 
 DEFAULT_NS = (8, 16, 32, 64, 128, 256, 512, 1024)
+# Horovod 0.28.1's defaults (since 0.21.0, horovod/horovod#2468; `horovodrun --help` says so):
+# HOROVOD_CYCLE_TIME 1 ms, HOROVOD_FUSION_THRESHOLD 128 MiB.
+HOROVOD_CYCLE_S = 1e-3
+HOROVOD_FUSION_BYTES = 128 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +145,9 @@ class NetworkModel:
 
 # shared-memory: least squares of the ring model to Horovod 0.28.1 Gloo allreduces between 2
 # ranks on this 2-core VM (eager hvd.allreduce of 4 KiB, 64 KiB, 1, 4, 16 MiB, median of 10:
-# 4.33, 4.02, 5.97, 11.9, 30.3 ms). Its "latency" is mostly Horovod's background cycle and eager
-# dispatch, not the wire. (MPI on 2 shared cores was noisier.)
+# 4.33, 4.02, 5.97, 11.9, 30.3 ms). Its "latency" is mostly eager dispatch and the default 1 ms
+# cycle (whose half the model now also adds as ``cycle_wait``: 0.5 ms counted twice at most),
+# not the wire. (MPI on 2 shared cores was noisier.)
 PRESETS: dict[str, NetworkModel] = {
     net.name: net
     for net in (
@@ -132,11 +160,51 @@ PRESETS: dict[str, NetworkModel] = {
 
 
 @dataclasses.dataclass(frozen=True)
+class StepModel:
+    """One worker's step as the N=1 run measured it: the model's inputs (``baseline_inputs``).
+
+    Attributes:
+      fixed_s: a, the per-step cost that does not shrink with the batch (optimizer update,
+        dispatch, data wait).
+      per_edge_s: b, seconds per edge of the batch.
+      edges: [S] edges of each of the S non-warm-up steps of the N=1 run (its whole batch).
+      residuals_s: [S] each step's time without exchange minus a + b * edges (the spread the
+        edges do not explain).
+      gradient_bytes: bytes of all gradients (one allreduce's worth per step).
+      cycle_s: Horovod's cycle (HOROVOD_CYCLE_TIME); 0 for strategies without one.
+      fusion_bytes: Horovod's fusion buffer (HOROVOD_FUSION_THRESHOLD).
+      exchange_s: the N=1 run's median exchange: one rank through Horovod's loop, what the
+        cycle term models (0.0 when not measured).
+      notes: where an input was not measured or recorded, what was taken instead.
+    """
+
+    fixed_s: float
+    per_edge_s: float
+    edges: tuple[float, ...]
+    residuals_s: tuple[float, ...]
+    gradient_bytes: int
+    cycle_s: float = HOROVOD_CYCLE_S
+    fusion_bytes: int = HOROVOD_FUSION_BYTES
+    exchange_s: float = 0.0
+    notes: tuple[str, ...] = ()
+
+    @property
+    def step_s(self) -> float:
+        """The modelled single-worker step without exchange, a + b * mean(edges)."""
+        return self.fixed_s + self.per_edge_s * float(np.mean(self.edges))
+
+
+@dataclasses.dataclass(frozen=True)
 class Prediction:
-    """The modelled step of N workers: compute per worker, allreduce t(N), their sum, efficiency."""
+    """The modelled step of N workers and its terms, in seconds: ``compute_s`` b E / N (strong)
+    or b E (weak), ``fixed_s`` a, ``straggler_s`` the wait for the slowest rank, ``cycle_s``
+    the Horovod cycle, ``allreduce_s`` the ring t(N); ``step_s`` their sum; ``efficiency``."""
 
     n: int
     compute_s: float
+    fixed_s: float
+    straggler_s: float
+    cycle_s: float
     allreduce_s: float
     step_s: float
     efficiency: float
@@ -146,7 +214,9 @@ class Prediction:
 class Validation:
     """A measured run of N workers against the model over ``network``: step times (median,
     slowest rank), efficiencies on step times, the relative error of the predicted efficiency,
-    the model's allreduce and the median measured exchange."""
+    the predicted terms (``Prediction``'s) and what the run measured of them: the median
+    exchange (cycle, allreduce and the wait for slower ranks) and ``measured_straggler_s``, the
+    median over steps of the slowest rank's time without exchange minus the ranks' mean."""
 
     n: int
     network: str
@@ -155,17 +225,26 @@ class Validation:
     predicted_efficiency: float
     measured_efficiency: float
     relative_error: float
+    predicted_compute_s: float
+    predicted_fixed_s: float
+    predicted_straggler_s: float
+    predicted_cycle_s: float
     predicted_allreduce_s: float
     measured_exchange_s: float
+    measured_straggler_s: float
 
     def describe(self) -> str:
+        names = ("compute", "fixed", "straggler", "cycle", "allreduce")
+        terms = " + ".join(
+            f"{name} {getattr(self, f'predicted_{name}_s') * 1e3:.2f}" for name in names
+        )
         return (
             f"N={self.n} ({self.network}): predicted efficiency {self.predicted_efficiency:.3f}, "
             f"measured {self.measured_efficiency:.3f}, error {self.relative_error:+.1%} "
-            f"(step {self.predicted_step_s * 1e3:.2f} ms predicted, "
-            f"{self.measured_step_s * 1e3:.2f} ms measured; allreduce predicted "
-            f"{self.predicted_allreduce_s * 1e3:.2f} ms, measured "
-            f"{self.measured_exchange_s * 1e3:.2f} ms)"
+            f"(step {self.predicted_step_s * 1e3:.2f} ms predicted = {terms} ms; "
+            f"{self.measured_step_s * 1e3:.2f} ms measured, of which exchange "
+            f"{self.measured_exchange_s * 1e3:.2f} ms, straggler "
+            f"{self.measured_straggler_s * 1e3:.2f} ms)"
         )
 
 
@@ -175,16 +254,68 @@ def ring_allreduce_time(num_bytes: float, n: int, network: NetworkModel) -> floa
     return transfer + 2 * (n - 1) * network.latency_us * 1e-6
 
 
+def cycle_wait(
+    gradient_bytes: float,
+    cycle_s: float = HOROVOD_CYCLE_S,
+    fusion_bytes: int = HOROVOD_FUSION_BYTES,
+) -> float:
+    """Seconds the gradients wait for Horovod's background cycle: half a cycle on average for
+    each of the ceil(gradient_bytes / fusion_bytes) fused rounds."""
+    if fusion_bytes <= 0:
+        raise ValueError(f"fusion_bytes must be > 0, got {fusion_bytes}")
+    return math.ceil(gradient_bytes / fusion_bytes) * cycle_s / 2
+
+
+def expected_max(values: Sequence[float] | np.ndarray, n: int) -> float:
+    """E[max of ``n`` independent draws] from the empirical distribution of ``values`` [M],
+    exactly: sum_i x_(i) ((i/M)^n - ((i-1)/M)^n) over the sorted values x_(1) <= ... <= x_(M)."""
+    x = np.sort(np.asarray(values, dtype=np.float64).ravel())
+    if x.size == 0 or n < 1:
+        raise ValueError(f"expected_max needs values and n >= 1, got {x.size} values, n={n}")
+    cdf = np.arange(x.size + 1, dtype=np.float64) / x.size
+    return float(np.dot(x, cdf[1:] ** n - cdf[:-1] ** n))
+
+
+def straggler_wait(model: StepModel, n: int, mode: str) -> float:
+    """Seconds the slowest of ``n`` ranks adds to the mean rank's step: E[max] - mean of the
+    per-rank work ``expected_max`` draws from. Each N=1 step k gives one draw: b * e_k + r_k,
+    with e_k the rank's edges and r_k the step's residual. Weak scaling: e_k = E_k, the N=1
+    step's edges. Strong: the rank holds 1/n of the batch; a sum of G/n graphs has the mean
+    share and sqrt(1/n) of the G graphs' spread, so e_k = mean(E)/n + (E_k - mean(E))/sqrt(n)
+    (assumes the global batch G >= n)."""
+    edges, residuals = np.asarray(model.edges), np.asarray(model.residuals_s)
+    if mode == "strong":
+        edges = edges.mean() / n + (edges - edges.mean()) / math.sqrt(n)
+    work = model.per_edge_s * edges + residuals
+    return expected_max(work, n) - float(work.mean())
+
+
 def predict_scaling(
-    step_compute_s: float, gradient_bytes: float, network: NetworkModel, mode: str, ns=DEFAULT_NS
+    model: StepModel,
+    network: NetworkModel,
+    mode: str,
+    ns: Sequence[int] = DEFAULT_NS,
+    ceiling: float = 1.0,
 ) -> list[Prediction]:
-    """One ``Prediction`` per N in ``ns`` for ``mode`` "strong" or "weak"."""
+    """One ``Prediction`` per N in ``ns`` for ``mode`` "strong" or "weak"; efficiencies against
+    the model's own N=1 step, a + b mean(E) + cycle. ``ceiling`` (0, 1]: t_alone /
+    t_concurrent of ranks sharing a host as deployed (``bench distributed``'s "ceiling"): the
+    per-rank compute, fixed cost and straggler are divided by it."""
+    if not 0 < ceiling:
+        raise ValueError(f"ceiling must be > 0 (t_alone / t_concurrent), got {ceiling}")
+    if mode not in ("strong", "weak"):
+        raise ValueError(f"mode must be 'strong' or 'weak', got {mode!r}")
+    cycle = cycle_wait(model.gradient_bytes, model.cycle_s, model.fusion_bytes)
     out = []
     for n in ns:
-        compute = step_compute_s / n if mode == "strong" else step_compute_s
-        allreduce = ring_allreduce_time(gradient_bytes, n, network)
-        modelled = efficiency(mode, step_compute_s, compute + allreduce, n)
-        out.append(Prediction(n, compute, allreduce, compute + allreduce, modelled))
+        slow = 1.0 if n == 1 else 1.0 / ceiling
+        edges = float(np.mean(model.edges)) / (n if mode == "strong" else 1)
+        compute, fixed = slow * model.per_edge_s * edges, slow * model.fixed_s
+        straggler = slow * straggler_wait(model, n, mode) if n > 1 else 0.0
+        allreduce = ring_allreduce_time(model.gradient_bytes, n, network)
+        step = compute + fixed + straggler + cycle + allreduce
+        modelled = efficiency(mode, model.step_s + cycle, step, n)
+        out.append(Prediction(n, compute, fixed, straggler, cycle, allreduce, step, modelled))
     return out
 
 
@@ -200,40 +331,81 @@ def network_from_config(config: ScalingConfig) -> NetworkModel:
     )
 
 
-def baseline_inputs(run: Run) -> tuple[float, int, str]:
-    """(t_c, gradient bytes, note) of a single-worker run: the median non-warm-up
-    ``total_s - exchange_s`` and run.json's gradient bytes (else 4 x num_params, said in the
-    note). DataError without timed steps or size information."""
-    compute_s = float(np.median(step_times(run) - step_times(run, "exchange_s")))
+def baseline_inputs(run: Run) -> StepModel:
+    """The ``StepModel`` of a single-worker run, from its non-warm-up steps: least squares of
+    the step without exchange (``total_s - exchange_s``) on the step's edges; gradient bytes
+    from run.json (else 4 x num_params), Horovod's cycle from the recorded config
+    (``distributed.horovod_cycle_time_ms``, else Horovod's default; none for other strategies)
+    and fusion buffer Horovod's default (runs do not record it). The notes say what was taken
+    for what. DataError without timed steps or size information."""
+    steps = _slowest_steps(run)
+    steps = steps[~steps["warmup"]]
+    if steps.empty:
+        raise DataError(
+            f"{run.path}: no non-warm-up steps in timing.jsonl (N={run.num_workers}); run more "
+            "steps than scaling.timing_warmup_steps"
+        )
+    edges = steps["edges"].to_numpy(dtype=np.float64)
+    work = (steps["total_s"] - steps["exchange_s"]).to_numpy(dtype=np.float64)
+    fixed, per_edge, notes = _fit_line(edges, work)
     if run.info.get("gradient_bytes"):
-        return compute_s, int(run.info["gradient_bytes"]), ""
-    if run.info.get("num_params"):
-        num_bytes = 4 * int(run.info["num_params"])
-        return compute_s, num_bytes, "gradient bytes taken as 4 x num_params (float32)"
-    raise DataError(
-        f"{run.path}/run.json has neither 'gradient_bytes' nor 'num_params': "
-        "cannot size the allreduce"
+        gradient_bytes = int(run.info["gradient_bytes"])
+    elif run.info.get("num_params"):
+        gradient_bytes = 4 * int(run.info["num_params"])
+        notes.append("gradient bytes taken as 4 x num_params (float32)")
+    else:
+        raise DataError(
+            f"{run.path}/run.json has neither 'gradient_bytes' nor 'num_params': "
+            "cannot size the allreduce"
+        )
+    cycle_ms = ((run.info.get("config") or {}).get("distributed") or {}).get(
+        "horovod_cycle_time_ms"
     )
+    if run.info.get("strategy") not in (None, "horovod"):
+        cycle_s = 0.0
+        notes.append(f"no Horovod cycle: the runs used strategy '{run.info['strategy']}'")
+    elif cycle_ms is None:
+        cycle_s = HOROVOD_CYCLE_S
+        notes.append(
+            f"Horovod cycle: not in run.json, Horovod's default {HOROVOD_CYCLE_S * 1e3:g} ms"
+        )
+    else:
+        cycle_s = float(cycle_ms) * 1e-3
+    notes.append(
+        f"fusion buffer: Horovod's default {HOROVOD_FUSION_BYTES // 2**20} MiB "
+        "(runs do not record HOROVOD_FUSION_THRESHOLD)"
+    )
+    residuals = tuple(work - (fixed + per_edge * edges))
+    exchange = float(steps["exchange_s"].median())
+    return StepModel(fixed, per_edge, tuple(edges), residuals, gradient_bytes, cycle_s,
+                     HOROVOD_FUSION_BYTES, exchange, tuple(notes))  # fmt: skip
 
 
 def validate_against(
-    runs: Sequence[Run], mode: str, network: NetworkModel = PRESETS["shared-memory"]
+    runs: Sequence[Run],
+    mode: str,
+    network: NetworkModel = PRESETS["shared-memory"],
+    ceilings: Mapping[int, float] | None = None,
 ) -> list[Validation]:
     """One ``Validation`` per run with N > 1 of a sweep (by N), predicted from its N=1 run (which
-    ``runs`` must hold) over ``network``, the link the measured runs used."""
+    ``runs`` must hold) over ``network``, the link the measured runs used. ``ceilings``: the
+    ceiling (see ``predict_scaling``) by ranks per host; a run's ranks per host is run.json's
+    ``local_size`` (1 when absent); a count not in ``ceilings`` gets 1.0."""
     baseline, *others = sorted(runs, key=lambda r: r.num_workers)
-    compute_s, gradient_bytes, _ = baseline_inputs(baseline)
+    model = baseline_inputs(baseline)
     t1 = float(np.median(step_times(baseline)))
     out = []
     for run in others:
         n = run.num_workers
-        (pred,) = predict_scaling(compute_s, gradient_bytes, network, mode, ns=(n,))
+        ceiling = (ceilings or {}).get(int(run.info.get("local_size") or 1), 1.0)
+        (pred,) = predict_scaling(model, network, mode, ns=(n,), ceiling=ceiling)
         tn = float(np.median(step_times(run)))
         measured = efficiency(mode, t1, tn, n)
         exchange = float(np.median(step_times(run, "exchange_s")))
+        terms = (pred.compute_s, pred.fixed_s, pred.straggler_s, pred.cycle_s, pred.allreduce_s)
         error = (pred.efficiency - measured) / measured
-        fields = (pred.step_s, tn, pred.efficiency, measured, error, pred.allreduce_s, exchange)
-        out.append(Validation(n, network.name, *fields))
+        fields = (pred.step_s, tn, pred.efficiency, measured, error, *terms, exchange)
+        out.append(Validation(n, network.name, *fields, _measured_straggler(run)))
     return out
 
 
@@ -244,10 +416,11 @@ def _frame(records: Sequence[object], kind: type) -> pd.DataFrame:
 
 
 def _slowest_steps(run: Run) -> pd.DataFrame:
-    """One row per (epoch, step), in order: the slowest rank's times, warm if any rank was."""
+    """One row per (epoch, step), in order: the slowest rank's times, the ranks' edges summed,
+    warm if any rank was."""
     steps = _frame(run.steps, StepTiming).astype({"warmup": bool})
     return steps.groupby(["epoch", "step"]).agg(
-        {**dict.fromkeys(STEP_FIELDS, "max"), "warmup": "any"}
+        {**dict.fromkeys(STEP_FIELDS, "max"), "edges": "sum", "warmup": "any"}
     )
 
 
@@ -260,3 +433,36 @@ def _whole_epochs(run: Run) -> pd.DataFrame:
 def _after_warmup(values, warmup_epochs: int):
     """``values`` without the first ``warmup_epochs`` entries, unless that leaves none."""
     return values[warmup_epochs:] if len(values) > warmup_epochs else values
+
+
+def _fit_line(edges: np.ndarray, work: np.ndarray) -> tuple[float, float, list[str]]:
+    """(a, b, notes) of work ~ a + b * edges by least squares, both >= 0: through the origin
+    when the fit gives a negative term, all of it per edge when the edges do not vary."""
+    if np.ptp(edges) == 0 or edges.size < 2:
+        note = (
+            "the N=1 run's steps all have the same edges: the fixed per-step cost cannot be told "
+            "from the per-edge cost, so all compute is taken as shrinking with the batch"
+        )
+        return 0.0, float(work.mean() / edges.mean()), [note]
+    per_edge, fixed = np.polyfit(edges, work, 1)
+    if fixed >= 0 and per_edge >= 0:
+        return float(fixed), float(per_edge), []
+    note = (
+        f"the fit of step time on edges gave a = {fixed * 1e3:.3g} ms, b = {per_edge:.3g} s/edge;"
+        " a negative term is noise: fitted through the origin instead (no fixed cost)"
+    )
+    return 0.0, float(np.dot(edges, work) / np.dot(edges, edges)), [note]
+
+
+def _measured_straggler(run: Run) -> float:
+    """Median over non-warm-up steps of the slowest rank's time without exchange minus the
+    ranks' mean."""
+    steps = _frame(run.steps, StepTiming).astype({"warmup": bool})
+    steps["work"] = steps["total_s"] - steps["exchange_s"]
+    per_step = steps.groupby(["epoch", "step"]).agg(work_max=("work", "max"),
+                                                    work_mean=("work", "mean"),
+                                                    warmup=("warmup", "any"))  # fmt: skip
+    per_step = per_step[~per_step["warmup"]]
+    if per_step.empty:
+        return float("nan")
+    return float((per_step["work_max"] - per_step["work_mean"]).median())

@@ -23,7 +23,7 @@ import dataclasses
 import itertools
 import os
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -72,11 +72,13 @@ def build_report(
     mode: Optional[str] = None,
     measured_network: str = "shared-memory",
     overrides: Optional[dict[str, Any]] = None,
+    ceilings: Optional[Mapping[int, float]] = None,
 ) -> ScalingReport:
     """Checks that the runs (or run directories) belong together (see the module docstring)
     and computes the table. ``mode`` ("strong", "weak") is inferred from the batches when None;
     ``measured_network`` (a ``maths.PRESETS`` name) is the link the runs used; ``overrides``
-    replace ``ScalingConfig`` fields. DataError: unfinished runs, two runs of one mode and N, no
+    replace ``ScalingConfig`` fields; ``ceilings``: the contention ceiling by ranks per host
+    (``maths.validate_against``). DataError: unfinished runs, two runs of one mode and N, no
     N=1 run at all."""
     if not runs:
         raise DataError("no runs to report")
@@ -121,7 +123,9 @@ def build_report(
     predicted = groups[training_mode(baseline)]
     if len(groups) > 1:
         notes.append(f"predictions from the '{training_mode(baseline)}' runs")
-    prediction, validation = _prediction(predicted, mode, scaling, measured_network, notes)
+    prediction, validation = _prediction(
+        predicted, mode, scaling, measured_network, notes, ceilings
+    )
     name = str(baseline.info["config_name"])
     return ScalingReport(mode, name, table, scaling, notes, prediction, validation)
 
@@ -321,28 +325,45 @@ def _scaling_of(run: Run, notes: list[str]) -> ScalingConfig:
 
 
 def _prediction(
-    runs: list[Run], mode: str, scaling: ScalingConfig, measured_network: str, notes: list[str]
+    runs: list[Run],
+    mode: str,
+    scaling: ScalingConfig,
+    measured_network: str,
+    notes: list[str],
+    ceilings: Optional[Mapping[int, float]] = None,
 ) -> tuple[Optional[dict[str, Any]], list[maths.Validation]]:
     try:
-        compute_s, gradient_bytes, note = maths.baseline_inputs(runs[0])
+        model = maths.baseline_inputs(runs[0])
     except DataError as err:
         notes.append(f"no prediction beyond this machine: {err}")
         return None, []
-    notes += [note] if note else []
+    notes += list(model.notes)
+    if not ceilings and any(int(r.info.get("local_size") or 1) > 1 for r in runs):
+        notes.append(
+            "no contention ceiling given (bench distributed's t_alone / t_concurrent): the model "
+            "takes ranks that share a host as fast as one alone"
+        )
+    graphs = runs[0].info.get("global_batch_graphs") or runs[0].info.get("batch_graphs")
+    if mode == "strong" and graphs and max(maths.DEFAULT_NS) > graphs:
+        notes.append(
+            f"strong scaling past N = {graphs} (the global batch, in graphs) splits graphs between "
+            "workers: there the model only extrapolates the edges per worker and their spread"
+        )
     networks = dict(maths.PRESETS)
     configured = maths.network_from_config(scaling)
     if configured != networks.get(configured.name):
         networks[f"{configured.name} (config)"] = configured
-    inputs = {"step_compute_s": compute_s, "gradient_bytes": gradient_bytes}
+    inputs = {"step_compute_s": model.step_s, "gradient_bytes": model.gradient_bytes}
     efficiency = {
-        k: [dataclasses.asdict(p) for p in maths.predict_scaling(*inputs.values(), v, mode)]
+        k: [dataclasses.asdict(p) for p in maths.predict_scaling(model, v, mode)]
         for k, v in networks.items()
     }
-    validation = maths.validate_against(runs, mode, maths.PRESETS[measured_network])
+    validation = maths.validate_against(runs, mode, maths.PRESETS[measured_network], ceilings)
     if not validation:
         notes.append("no multi-worker run measured: the model could not be checked here")
     networks_json = {name: dataclasses.asdict(net) for name, net in networks.items()}
-    return {**inputs, "networks": networks_json, "efficiency": efficiency}, validation
+    prediction = {**inputs, "model": dataclasses.asdict(model), "networks": networks_json}
+    return {**prediction, "efficiency": efficiency}, validation
 
 
 def _json(report: ScalingReport) -> dict[str, Any]:

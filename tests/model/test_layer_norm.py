@@ -1,5 +1,6 @@
 """The model's LayerNorm is Sonnet's LayerNorm: same variables, values and gradients, whether the
-fused CPU kernel (``layer_norm.cc``) or the TensorFlow-ops version runs."""
+fused CPU kernel (``layer_norm.cc``) or the TensorFlow-ops version runs. The kernel library's
+build and loading: test_kernels.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import sonnet as snt
 import tensorflow as tf
 
 from hvdtrack.model import norm as norm_module
-from hvdtrack.model.norm import LayerNorm, build_kernel, fused_kernels
+from hvdtrack.model.norm import LayerNorm
 
 
 @pytest.fixture(params=["fused", "ops"])
@@ -28,11 +29,6 @@ def _values_and_gradients(norm, x, upstream):
         tape.watch(x)
         loss = tf.reduce_sum(norm(x) * upstream)
     return [norm(x), *tape.gradient(loss, [x, norm.scale, norm.offset])]
-
-
-def test_the_fused_kernel_builds_and_runs_on_this_cpu():
-    # install.sh installs g++; a machine without one runs the ops version (next tests)
-    assert fused_kernels() is not None
 
 
 def test_values_and_gradients_equal_sonnets(implementation):
@@ -92,7 +88,7 @@ THREADS_PROGRAM = """
 import hashlib, sys
 import numpy as np, tensorflow as tf
 tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
-from hvdtrack.model.norm import fused_kernels
+from hvdtrack.model.kernels import fused_kernels
 kernels = fused_kernels()
 rng = np.random.default_rng(0)
 x, dy = (tf.constant(rng.standard_normal((50000, 64)), tf.float32) for _ in range(2))
@@ -118,34 +114,3 @@ def test_fused_results_do_not_depend_on_the_number_of_threads():
         for threads in (1, 2)
     }
     assert len(digests) == 1
-
-
-def test_a_build_is_readable_by_every_user(tmp_path):
-    # an image builds it as root and runs as another user
-    path = build_kernel(tmp_path)
-    assert path.parent == tmp_path and path.stat().st_mode & 0o777 == 0o755
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]
-
-
-def test_a_failed_build_names_the_command_and_leaves_nothing(tmp_path, monkeypatch):
-    monkeypatch.setenv("CXX", "false")
-    with pytest.raises(OSError, match="false .*layer_norm.cc.* failed"):
-        build_kernel(tmp_path)
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_without_a_compiler_the_ops_version_runs_and_says_why(tmp_path):
-    program = (
-        "import tensorflow as tf\n"
-        "from hvdtrack.model.norm import LayerNorm, fused_kernels\n"
-        "assert fused_kernels() is None\n"
-        "print(LayerNorm()(tf.constant([[1.0, 3.0]])).numpy().tolist())\n"
-    )
-    env = dict(os.environ, CXX=str(tmp_path / "no-compiler"), HVDTRACK_OPS_CACHE=str(tmp_path))
-    done = subprocess.run(
-        [sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=HANG_S
-    )
-    assert done.returncode == 0, done.stderr
-    assert "[[-0.99999" in done.stdout
-    assert "fused layer norm unavailable, using TensorFlow ops" in done.stderr
-    assert "no-compiler" in done.stderr

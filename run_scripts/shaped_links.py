@@ -1,0 +1,311 @@
+"""Times Horovod's gradient allreduce over shaped links and compares it with the ring model.
+
+    .venv/bin/python run_scripts/shaped_links.py            # N = 2, 4, 8; bare, 1 and 10 Gbit/s
+    .venv/bin/python run_scripts/shaped_links.py --ns 2,4 --rates none,1gbit --repeats 20
+    .venv/bin/python run_scripts/shaped_links.py --gradient-bytes 16777216 --json out.json
+
+As root: starts max(N) hosts with run_scripts/test_hosts.sh (network namespaces, an sshd each)
+and, for each rate, shapes every host's outgoing link (the namespace end of its veth) with tbf
+("none": the bare veth), measures the link's one-way latency (half the median round trip of
+1-byte TCP messages from h1 to h2, Python at both ends), then for each N runs
+``horovodrun -np N -H h1..hN --gloo`` over the hosts: every rank allreduces a float32 tensor of
+the default model's gradient bytes (runs/default/run.json's ``gradient_bytes``, or
+``--gradient-bytes``), ``--warmup`` times untimed, then ``--repeats`` times, each after a barrier.
+An iteration takes its slowest rank's time; the table shows the median, beside the model's ring
+allreduce (``hvdtrack.scaling.maths.ring_allreduce_time`` at that bandwidth and the measured
+latency) and the ring plus Horovod's cycle wait (``maths.cycle_wait``), with their errors. With
+"none" among the rates, a second table compares what shaping adds to the bare link's time with
+the ring's transfer term. The hosts are stopped at the end, whatever happens (SIGINT and SIGTERM
+included).
+
+The model has no term for the software floor (eager dispatch, Gloo, the TCP stack, ranks sharing
+cores): the bare-veth rows measure it. On a machine with few cores every rank is a TensorFlow
+process, so 8 ranks on 2 cores time the CPU's sharing as much as the link.
+
+No added delay unless ``--delay-ms``: that needs tc's netem, which a kernel without
+CONFIG_NET_SCH_NETEM refuses (tc's message is shown). ``--cycle-ms`` sets HOROVOD_CYCLE_TIME
+(Horovod 0.28.1's default: 1 ms).
+
+Runs only when no test hosts are up (they belong to someone else then) and holds the test
+sessions' lock (``/tmp/hvdtrack-hosts.lock``) throughout, so test sessions wait for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "run_scripts/test_hosts.sh"
+HOSTS_DIR = Path(os.environ.get("HVDTRACK_HOSTS_DIR", "/tmp/hvdtrack-hosts"))
+LOCK = HOSTS_DIR.with_name(HOSTS_DIR.name + ".lock")  # the one tests/hosts.py uses
+INTERFACE = "hvdt0"  # inside every host's namespace (test_hosts.sh)
+RUN_JSON = REPO / "runs/default/run.json"
+RATES_GBIT = {"none": math.inf, "1gbit": 1.0, "10gbit": 10.0}  # none: the bare veth
+
+
+def worker(out_dir: str, num_bytes: int, warmup: int, repeats: int) -> None:
+    """One rank: times ``repeats`` allreduces of ``num_bytes`` float32 bytes after ``warmup``;
+    writes OUT_DIR/rank{r}.json with the seconds of each."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    hvd.init()
+    gradient = tf.ones([num_bytes // 4], tf.float32)
+    token = tf.zeros([1])
+    seconds = []
+    for i in range(warmup + repeats):
+        hvd.allreduce(token, op=hvd.Sum, name="barrier").numpy()  # every rank starts together
+        begin = time.perf_counter()
+        hvd.allreduce(gradient, op=hvd.Sum, name="gradient").numpy()
+        if i >= warmup:
+            seconds.append(time.perf_counter() - begin)
+    rank = hvd.rank()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"rank": rank, "seconds": seconds}))
+
+
+def hosts_script(*args: str) -> str:
+    env = {**os.environ, "HVDTRACK_HOSTS_DIR": str(HOSTS_DIR)}
+    done = subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"test_hosts.sh {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
+    return done.stdout
+
+
+def tc(namespace: str, *args: str) -> None:
+    done = subprocess.run(["ip", "netns", "exec", namespace, "tc", *args], capture_output=True)
+    if done.returncode != 0:
+        raise SystemExit(f"tc {' '.join(args)} in {namespace}: {done.stderr.decode().strip()}")
+
+
+def shape(num_hosts: int, rate_gbit: float, delay_ms: float, burst_us: float) -> None:
+    """Every host's egress: tbf at ``rate_gbit`` (burst: ``burst_us`` at that rate, at least 2
+    MTUs, so a 0.5 MB tensor is shaped rather than sent as one burst); netem ``delay_ms`` below
+    it when > 0. An infinite rate: no qdisc (the bare veth)."""
+    burst = max(int(rate_gbit * 1e9 / 8 * burst_us * 1e-6), 3000) if rate_gbit < math.inf else 0
+    for i in range(1, num_hosts + 1):
+        ns = f"hvdtrack-h{i}"
+        subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", INTERFACE, "root"],
+                       capture_output=True)  # fmt: skip
+        if not burst:
+            continue
+        tc(ns, "qdisc", "add", "dev", INTERFACE, "root", "handle", "1:", "tbf",
+           "rate", f"{rate_gbit:g}gbit", "burst", str(burst), "latency", "100ms")  # fmt: skip
+        if delay_ms > 0:
+            tc(ns, "qdisc", "add", "dev", INTERFACE, "parent", "1:1", "handle", "10:",
+               "netem", "delay", f"{delay_ms:g}ms", "limit", "100000")  # fmt: skip
+
+
+PING_SERVER = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 5999)); s.listen(1); print("ready", flush=True)
+c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while (b := c.recv(1)):
+    c.sendall(b)
+"""
+PING_CLIENT = """
+import socket, statistics, sys, time
+c = socket.create_connection((sys.argv[1], 5999))
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+rtts = []
+for _ in range(int(sys.argv[2])):
+    t = time.perf_counter(); c.sendall(b"x"); c.recv(1); rtts.append(time.perf_counter() - t)
+print(statistics.median(rtts[10:]))
+"""
+
+
+def link_latency_s(addresses: list[str], round_trips: int = 300) -> float:
+    """Half the median round trip of 1-byte TCP messages from h1 to h2 (after 10)."""
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", "hvdtrack-h2", sys.executable, "-c", PING_SERVER, addresses[1]],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        server.stdout.readline()  # "ready"
+        client = subprocess.run(
+            ["ip", "netns", "exec", "hvdtrack-h1", sys.executable, "-c", PING_CLIENT,
+             addresses[1], str(round_trips)],
+            capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+    finally:
+        server.wait(timeout=30)
+    return float(client.stdout) / 2
+
+
+def time_allreduce(n: int, addresses: list[str], args: argparse.Namespace) -> list[float]:
+    """Per timed iteration, the slowest rank's seconds."""
+    env = {
+        **os.environ,
+        "PATH": f"{HOSTS_DIR / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}"
+        + os.environ.get("PATH", ""),
+        "PYTHONPATH": str(REPO),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "HOROVOD_CYCLE_TIME": f"{args.cycle_ms:g}",
+    }
+    with tempfile.TemporaryDirectory(prefix="shaped-links-") as out:
+        hosts = ",".join(f"{a}:1" for a in addresses[:n])
+        command = [str(Path(sys.executable).parent / "horovodrun"), "-np", str(n), "-H", hosts]
+        command += ["--gloo", "--network-interface", INTERFACE, sys.executable, __file__]
+        command += ["--worker", out, str(args.gradient_bytes), str(args.warmup), str(args.repeats)]
+        job = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+        if job.returncode != 0:
+            raise SystemExit(
+                f"horovodrun over {n} hosts failed:\n{job.stdout[-3000:]}{job.stderr[-3000:]}"
+            )
+        ranks = [json.loads(p.read_text())["seconds"] for p in sorted(Path(out).glob("rank*.json"))]
+    if len(ranks) != n:
+        raise SystemExit(f"{len(ranks)} of {n} ranks wrote their timings")
+    return [max(column) for column in zip(*ranks)]
+
+
+def default_gradient_bytes() -> int:
+    if not RUN_JSON.exists():
+        raise SystemExit(f"no {RUN_JSON} to read gradient_bytes from: pass --gradient-bytes")
+    return int(json.loads(RUN_JSON.read_text())["gradient_bytes"])
+
+
+@contextlib.contextmanager
+def own_hosts(count: int):
+    """The test hosts, started here and stopped at the end (signals included)."""
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(LOCK, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(
+                f"{LOCK} is held: a test session is using the hosts; try later"
+            ) from None
+        if subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.count(
+            "hvdtrack-h"
+        ):
+            raise SystemExit("test hosts are up already (someone else's): not touching them")
+
+        def stop(signum, frame):
+            raise SystemExit(f"stopped by signal {signum}")
+
+        old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            print(hosts_script("start", str(count)).strip(), flush=True)
+            yield hosts_script("env")
+        finally:
+            print(hosts_script("stop").strip(), flush=True)
+            for s, handler in old.items():
+                signal.signal(s, handler)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ns", default="2,4,8", help="host counts (one rank each)")
+    parser.add_argument("--rates", default="none,1gbit,10gbit", help=f"of {', '.join(RATES_GBIT)}")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="added one-way delay (netem)")
+    parser.add_argument("--burst-us", type=float, default=50.0, help="tbf burst, us at the rate")
+    parser.add_argument("--gradient-bytes", type=int, help="default: runs/default/run.json's")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--cycle-ms", type=float, default=1.0, help="HOROVOD_CYCLE_TIME")
+    parser.add_argument(
+        "--sysctl",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set in every host's namespace, e.g. net.ipv4.tcp_slow_start_after_idle=0",
+    )
+    parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        out, num_bytes, warmup, repeats = args.worker
+        worker(out, int(num_bytes), int(warmup), int(repeats))
+        return
+
+    sys.path.insert(0, str(REPO))
+    from hvdtrack.scaling import maths
+
+    args.gradient_bytes = args.gradient_bytes or default_gradient_bytes()
+    ns = [int(n) for n in args.ns.split(",")]
+    rates = [(r, RATES_GBIT[r]) for r in args.rates.split(",")]
+    rows = []
+    print(
+        f"allreduce of {args.gradient_bytes:,} bytes (float32), HOROVOD_CYCLE_TIME "
+        f"{args.cycle_ms:g} ms, median of {args.repeats} after {args.warmup} warm-up; "
+        f"{os.cpu_count()} cores",
+        flush=True,
+    )
+    header = f"{'N':>3} {'bandwidth':>9} {'latency':>8} {'measured ms':>11} {'ring ms':>8} "
+    header += f"{'err':>7} {'ring+cycle ms':>13} {'err':>7}"
+    with own_hosts(max(ns)) as env_lines:
+        addresses = next(
+            line.split("=", 1)[1].strip("'").split()
+            for line in env_lines.splitlines()
+            if line.startswith("HVDTRACK_HOSTS_ADDRESSES=")
+        )
+        for setting in args.sysctl:
+            key, _, value = setting.partition("=")
+            for i in range(1, max(ns) + 1):
+                path = Path("/proc/sys", *key.split("."))
+                subprocess.run(
+                    ["ip", "netns", "exec", f"hvdtrack-h{i}", "sh", "-c", f"echo {value} > {path}"],
+                    check=True,
+                )
+        print(header, flush=True)
+        for rate_name, gbit in rates:
+            shape(max(ns), gbit, args.delay_ms, args.burst_us)
+            latency_us = link_latency_s(addresses) * 1e6
+            net = maths.NetworkModel(rate_name, gbit, latency_us)
+            for n in ns:
+                times = time_allreduce(n, addresses, args)
+                measured = statistics.median(times)
+                ring = maths.ring_allreduce_time(args.gradient_bytes, n, net)
+                cycle = maths.cycle_wait(args.gradient_bytes, args.cycle_ms * 1e-3)
+                row = {
+                    "n": n,
+                    "bandwidth_gbps": gbit,
+                    "latency_us": latency_us,
+                    "measured_ms": measured * 1e3,
+                    "measured_min_ms": min(times) * 1e3,
+                    "measured_max_ms": max(times) * 1e3,
+                    "ring_ms": ring * 1e3,
+                    "ring_cycle_ms": (ring + cycle) * 1e3,
+                }
+                rows.append(row)
+                print(
+                    f"{n:>3} {rate_name:>9} {latency_us:>6.1f}us {measured * 1e3:>11.2f} "
+                    f"{ring * 1e3:>8.2f} {(ring - measured) / measured:>+7.1%} "
+                    f"{(ring + cycle) * 1e3:>13.2f} {(ring + cycle - measured) / measured:>+7.1%}",
+                    flush=True,
+                )
+    floors = {r["n"]: r for r in rows if r["bandwidth_gbps"] == math.inf}
+    shaped = [r for r in rows if r["n"] in floors and r["bandwidth_gbps"] < math.inf]
+    if shaped:
+        print("\nwhat shaping adds (measured minus the bare veth at the same N; model: the ring's")
+        print("transfer term 2(N-1)/N B / bandwidth, the software floor being the same in both):")
+        print(f"{'N':>3} {'bandwidth':>9} {'added ms':>9} {'model ms':>9} {'err':>7}")
+        for r in shaped:
+            added = r["measured_ms"] - floors[r["n"]]["measured_ms"]
+            model = r["ring_ms"] - floors[r["n"]]["ring_ms"]
+            r |= {"added_ms": added, "added_model_ms": model}
+            err = f"{(model - added) / added:>+7.1%}" if added > 0 else "    n/a"
+            print(f"{r['n']:>3} {r['bandwidth_gbps']:>7g}Gb {added:>9.2f} {model:>9.2f} {err}")
+    if args.json:
+        for r in rows:  # strict JSON: the bare link's bandwidth as null
+            r["bandwidth_gbps"] = None if r["bandwidth_gbps"] == math.inf else r["bandwidth_gbps"]
+        Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""The step model's terms on hand-made records: fit, straggler, cycle, ceiling, validation."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import pytest
+
+from hvdtrack.runs.runinfo import make_run_info
+from hvdtrack.runs.timing import EPOCH_PARTS, EpochTiming, StepTiming, read_run, write_run
+from hvdtrack.scaling import maths
+from hvdtrack.scaling.maths import NetworkModel, StepModel
+
+TEN_GB_S = NetworkModel("test", 80.0, 0.0)  # 10 GB/s, no latency
+# N=1 steps (edges, seconds without exchange): 0.1 s + 1e-4 s/edge plus residuals +-0.01 s
+# chosen orthogonal to [1, edges], so least squares gives a = 0.1, b = 1e-4 exactly.
+EDGES = [1000, 2000, 3000, 4000]
+SECONDS = [0.21, 0.29, 0.39, 0.51]
+
+
+def write_steps(
+    run_dir: Path,
+    ranks_steps: Sequence[Sequence[tuple[int, float, float]]],
+    *,
+    distributed: Optional[dict[str, Any]] = None,
+    strategy: str = "horovod",
+    gradient_bytes: int = 4_000_000,
+    warmup_steps: int = 1,
+    **info: Any,
+) -> Path:
+    """A run of len(ranks_steps) ranks, one epoch; ranks_steps[rank][k] = (edges, seconds
+    without exchange, exchange seconds) of step k, warm-up steps first (edges 1, 9 s)."""
+    steps, epochs = [], []
+    for rank, timed in enumerate(ranks_steps):
+        rows = [(1, 9.0, 0.0)] * warmup_steps + list(timed)
+        for k, (edges, work, exchange) in enumerate(rows):
+            times = {"data_s": 0.0, "compute_s": work, "exchange_s": exchange}
+            steps.append(
+                StepTiming(epoch=0, step=k, rank=rank, **times, total_s=work + exchange,
+                           graphs=1, edges=edges, warmup=k < warmup_steps)
+            )  # fmt: skip
+        total = sum(w + x for _, w, x in rows)
+        parts = {**dict.fromkeys(EPOCH_PARTS, 0.0), "compute_s": total}
+        epochs.append(
+            EpochTiming(epoch=0, rank=rank, time_s=total, wall_s=total, steps=len(rows),
+                        graphs=len(rows), edges=sum(r[0] for r in rows), train_loss=0.5,
+                        val=None, **parts)
+        )  # fmt: skip
+    config = {"distributed": {"strategy": strategy, **(distributed or {})}}
+    n = len(ranks_steps)
+    run_info = make_run_info(
+        config_name="hand",
+        config_hash="h",
+        strategy=strategy,
+        num_workers=n,
+        batch_graphs=1,
+        global_batch_graphs=n,
+        learning_rate=0.001,
+        epochs=1,
+        device_kind="cpu-core",
+        config=config,
+        status="finished",
+        gradient_bytes=gradient_bytes,
+        metrics={},
+        **info,
+    )
+    write_run(run_dir, run_info, steps, epochs)
+    return run_dir
+
+
+def baseline(tmp_path, exchange_s: float = 0.0, **kwargs) -> StepModel:
+    rows = [(e, s, exchange_s) for e, s in zip(EDGES, SECONDS)]
+    return maths.baseline_inputs(read_run(write_steps(tmp_path / "np1", [rows], **kwargs)))
+
+
+def test_expected_max_is_exact_over_the_empirical_distribution():
+    assert maths.expected_max([1.0, 2.0], 1) == pytest.approx(1.5)
+    # max of two draws from {1, 2}: 1 with probability 1/4, else 2.
+    assert maths.expected_max([2.0, 1.0], 2) == pytest.approx(1.75)
+    # {1, 2, 3}, two draws: weights 1/9, 3/9, 5/9.
+    assert maths.expected_max([3.0, 1.0, 2.0], 2) == pytest.approx(22 / 9)
+    with pytest.raises(ValueError, match="needs values and n >= 1"):
+        maths.expected_max([], 2)
+
+
+def test_cycle_wait_is_half_a_cycle_per_fused_round():
+    assert maths.cycle_wait(484_356, 0.020) == pytest.approx(0.010)
+    assert maths.cycle_wait(484_356) == pytest.approx(0.0005)  # Horovod's default 1 ms
+    # 200 MiB through the default 128 MiB buffer: two rounds.
+    assert maths.cycle_wait(200 * 2**20, 0.001) == pytest.approx(0.001)
+    assert maths.cycle_wait(200 * 2**20, 0.001, 64 * 2**20) == pytest.approx(0.002)  # four
+    with pytest.raises(ValueError, match="fusion_bytes must be > 0"):
+        maths.cycle_wait(1, 0.001, 0)
+
+
+def test_fit_separates_fixed_from_per_edge_cost(tmp_path):
+    model = baseline(tmp_path, 0.012, distributed={"horovod_cycle_time_ms": 20})
+    assert model.fixed_s == pytest.approx(0.1)
+    assert model.per_edge_s == pytest.approx(1e-4)
+    assert model.residuals_s == pytest.approx((0.01, -0.01, -0.01, 0.01))
+    assert model.edges == (1000, 2000, 3000, 4000)  # warm-up step left out
+    assert model.step_s == pytest.approx(0.35)  # a + b * 2500
+    assert model.cycle_s == pytest.approx(0.020)  # from run.json's config
+    assert model.fusion_bytes == 128 * 2**20
+    assert model.exchange_s == pytest.approx(0.012)  # one rank through Horovod's loop
+    assert model.notes == (
+        "fusion buffer: Horovod's default 128 MiB (runs do not record HOROVOD_FUSION_THRESHOLD)",
+    )
+
+
+def test_cycle_defaults_and_other_strategies(tmp_path):
+    default = baseline(tmp_path / "a")
+    assert default.cycle_s == 0.001
+    assert "Horovod cycle: not in run.json, Horovod's default 1 ms" in default.notes
+    mirrored = baseline(tmp_path / "b", strategy="mirrored")
+    assert mirrored.cycle_s == 0.0
+    assert "no Horovod cycle: the runs used strategy 'mirrored'" in mirrored.notes
+
+
+def test_fit_with_a_negative_fixed_cost_goes_through_the_origin(tmp_path):
+    # 0.2, 0.5 s for 1000, 2000 edges: a = -0.1; through the origin b = 1.2 / 5e6 s/edge.
+    run_dir = write_steps(tmp_path / "np1", [[(1000, 0.2, 0.0), (2000, 0.5, 0.0)]])
+    model = maths.baseline_inputs(read_run(run_dir))
+    assert (model.fixed_s, model.per_edge_s) == (0.0, pytest.approx(2.4e-4))
+    assert "a negative term is noise: fitted through the origin" in model.notes[0]
+
+
+def test_constant_edges_take_all_compute_as_shrinking(tmp_path):
+    run_dir = write_steps(tmp_path / "np1", [[(500, 1.0, 0.0), (500, 1.2, 0.0)]])
+    model = maths.baseline_inputs(read_run(run_dir))
+    assert (model.fixed_s, model.per_edge_s) == (0.0, pytest.approx(1.1 / 500))
+    assert model.residuals_s == pytest.approx((-0.1, 0.1))
+    assert model.notes[0].startswith("the N=1 run's steps all have the same edges")
+
+
+def test_straggler_strong_draws_shares_of_the_batch(tmp_path):
+    model = baseline(tmp_path)
+    # N=2: share e_k = 1250 + (E_k - 2500) / sqrt(2); work deviations b (E_k - 2500) / sqrt(2)
+    # + r_k = -0.0960660, -0.0453553, +0.0253553, +0.1160660; E[max of 2] weights
+    # 1/16, 3/16, 5/16, 7/16 -> 0.7071068 / 16.
+    assert maths.straggler_wait(model, 2, "strong") == pytest.approx(0.7071068 / 16)
+    assert maths.straggler_wait(model, 1, "strong") == pytest.approx(0.0)
+    # Weak: the N=1 steps' own work, deviations -0.14, -0.06, +0.04, +0.16.
+    assert maths.straggler_wait(model, 2, "weak") == pytest.approx(
+        (-0.14 * 1 - 0.06 * 3 + 0.04 * 5 + 0.16 * 7) / 16
+    )
+
+
+def test_prediction_terms_literal(tmp_path):
+    model = baseline(tmp_path, distributed={"horovod_cycle_time_ms": 20})
+    one, two = maths.predict_scaling(model, TEN_GB_S, "strong", ns=(1, 2))
+    # One rank: a + b mean(E) and half the 20 ms cycle; no straggler, no allreduce.
+    assert (one.step_s, one.cycle_s, one.straggler_s, one.allreduce_s, one.efficiency) == (
+        pytest.approx(0.36),
+        pytest.approx(0.01),
+        0.0,
+        0.0,
+        pytest.approx(1.0),
+    )
+    assert two.compute_s == pytest.approx(0.125)  # 1e-4 s/edge x 2500 / 2
+    assert two.fixed_s == pytest.approx(0.1)
+    assert two.straggler_s == pytest.approx(0.7071068 / 16)
+    assert two.cycle_s == pytest.approx(0.010)
+    assert two.allreduce_s == pytest.approx(4e-4)  # 4 MB at 10 GB/s
+    step = 0.125 + 0.1 + 0.7071068 / 16 + 0.010 + 4e-4
+    assert two.step_s == pytest.approx(step)
+    assert two.efficiency == pytest.approx(0.36 / (2 * step))
+    # Ranks that share a host at ceiling 0.8: compute, fixed and straggler 1.25 times longer.
+    (slow,) = maths.predict_scaling(model, TEN_GB_S, "strong", ns=(2,), ceiling=0.8)
+    assert slow.compute_s == pytest.approx(0.125 / 0.8)
+    assert slow.straggler_s == pytest.approx(0.7071068 / 16 / 0.8)
+    assert (slow.cycle_s, slow.allreduce_s) == (two.cycle_s, two.allreduce_s)
+    (weak,) = maths.predict_scaling(model, TEN_GB_S, "weak", ns=(2,))
+    assert weak.compute_s == pytest.approx(0.25) and weak.fixed_s == pytest.approx(0.1)
+
+
+def test_prediction_rejects_bad_arguments(tmp_path):
+    model = baseline(tmp_path)
+    with pytest.raises(ValueError, match="ceiling must be > 0"):
+        maths.predict_scaling(model, TEN_GB_S, "strong", ns=(2,), ceiling=0.0)
+    with pytest.raises(ValueError, match="mode must be 'strong' or 'weak', got 'wide'"):
+        maths.predict_scaling(model, TEN_GB_S, "wide", ns=(2,))
+
+
+def test_validation_shows_each_term_and_what_was_measured(tmp_path):
+    one = write_steps(
+        tmp_path / "np1",
+        [[(e, s, 0.0) for e, s in zip(EDGES, SECONDS)]],
+        distributed={"horovod_cycle_time_ms": 20},
+    )
+    # N=2, two ranks on one host: rank 1 is 0.04 s slower each step, and waits less.
+    rank0 = [(1250, 0.25, 0.06)] * 3
+    rank1 = [(1250, 0.29, 0.02)] * 3
+    two = write_steps(
+        tmp_path / "np2",
+        [rank0, rank1],
+        distributed={"horovod_cycle_time_ms": 20},
+        local_size=2,
+    )
+    runs = [read_run(one), read_run(two)]
+    (v,) = maths.validate_against(runs, "strong", TEN_GB_S, ceilings={2: 0.8})
+    assert v.measured_step_s == pytest.approx(0.31)
+    assert v.measured_exchange_s == pytest.approx(0.06)
+    assert v.measured_straggler_s == pytest.approx(0.02)  # 0.29 - mean(0.25, 0.29)
+    # t1 measured: the median N=1 step (0.29 + 0.39) / 2 = 0.34.
+    assert v.measured_efficiency == pytest.approx(0.34 / 0.62)
+    step = (0.125 + 0.1 + 0.7071068 / 16) / 0.8 + 0.010 + 4e-4
+    assert v.predicted_step_s == pytest.approx(step)
+    assert v.predicted_efficiency == pytest.approx(0.36 / (2 * step))
+    assert v.relative_error == pytest.approx(0.36 / (2 * step) / (0.34 / 0.62) - 1)
+    text = v.describe()
+    assert text.startswith("N=2 (test): predicted efficiency 0.519, measured 0.548, error -5.4%")
+    assert (
+        "= compute 156.25 + fixed 125.00 + straggler 55.24 + cycle 10.00 + allreduce 0.40 ms"
+        in (text)
+    )
+    assert text.endswith("310.00 ms measured, of which exchange 60.00 ms, straggler 20.00 ms)")
+    # Without a ceiling for 2 ranks per host: as fast as alone.
+    (plain,) = maths.validate_against(runs, "strong", TEN_GB_S)
+    assert plain.predicted_compute_s == pytest.approx(0.125)
+    assert math.isclose(plain.predicted_cycle_s, 0.010)
