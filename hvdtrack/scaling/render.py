@@ -143,11 +143,14 @@ def render_markdown(report: ScalingReport) -> str:
     if p is None:
         lines.append("Not available (see notes).")
     else:
+        m = p["model"]
         lines += [
-            f"From the single-worker step without exchange, {p['step_compute_s'] * 1e3:.2f} ms, "
-            f"and {p['gradient_bytes']:,} gradient bytes per step; allreduce "
-            "t(N) = 2(N-1)/N bytes/bandwidth + 2(N-1) latency, no overlap with compute"
-            + ("; compute per worker taken as t1/N." if mode == "strong" else "."),
+            f"From the single-worker run: step without exchange {p['step_compute_s'] * 1e3:.2f} ms "
+            f"= fixed {m['fixed_s'] * 1e3:.2f} ms + {m['per_edge_s'] * 1e9:.1f} ns per edge, "
+            f"{p['gradient_bytes']:,} gradient bytes per step. Step(N) = compute of the rank's "
+            "share + fixed + straggler wait (expected slowest of N, from the measured spread), "
+            "over the contention ceiling, + Horovod's cycle per fusion round + ring allreduce "
+            "2(N-1)/N bytes/bandwidth + 2(N-1) latency; no overlap with compute.",
             "",
         ]
         predicted = {"N": [q["n"] for q in next(iter(p["efficiency"].values()))]}

@@ -79,10 +79,8 @@ def test_every_file_is_written(strong_runs, tmp_path):
 def test_prediction_section_is_in_the_markdown(strong_runs):
     md = render_markdown(report.build_report(from_dirs(strong_runs)))
     assert "## Beyond this machine: predicted efficiency" in md
-    assert (
-        "From the single-worker step without exchange, 1000.00 ms, and 4,000,000 gradient bytes"
-        in md
-    )
+    assert "From the single-worker run: step without exchange 1000.00 ms = fixed " in md
+    assert "4,000,000 gradient bytes per step. Step(N) = compute of the rank's share" in md
     assert "| N | nvlink (2400 Gb/s, 3 us) | infiniband-hdr (200 Gb/s, 2 us) |" in md
     assert "- N=2 (shared-memory): predicted efficiency" in md
 
