@@ -26,8 +26,11 @@ mkdir -p "$docs"
 "$py" -m hvdtrack.scaling report "$out"/strong/sweep/strong-np1 "$out"/strong/sweep/strong-np2 \
     --mode strong --out "$docs/strong"
 "$py" -m hvdtrack.scaling report "$out"/weak/weak-np1 "$out"/weak/weak-np2 --mode weak --out "$docs/weak"
+# The machine's ceiling for 2 ranks, measured by the bench above, enters the prediction.
+ceiling="$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["ceiling"])' \
+    "$out/strong/ceiling.json")"
 "$py" -m hvdtrack.scaling predict "$out"/strong/sweep/strong-np1 "$out"/strong/sweep/strong-np2 \
-    --mode strong | tee "$docs/prediction-strong.txt"
+    --mode strong --ceiling "2=$ceiling" | tee "$docs/prediction-strong.txt"
 cp "$out/distributed-bench.json" "$docs/distributed-bench.json"
 cp "$out/bench.txt" "$docs/distributed-bench.txt"
 echo "[study] reports in $docs"
