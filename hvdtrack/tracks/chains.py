@@ -4,8 +4,9 @@ Three steps, each for one way the simpler builders lose tracks in full-density e
 
 1. Crossings (``double_hit_crossings``). A particle crossing two overlapping modules leaves two
    hits on one layer (about a quarter of crossings in real events): both are joined by good edges
-   to the same hit before or after them. Such hits, within ``DOUBLE_HIT_DISTANCE``, are one
-   crossing, and stay together in one track.
+   to the same hit before or after them. Such hits, within ``DOUBLE_HIT_DISTANCE`` and one behind
+   the other along the particle's path (``MIN_ALIGNMENT``), are one crossing, and stay together
+   in one track; two particles' hits side by side on one module are not.
 2. Chains (``mutual_best``). On the graph of crossings, an edge is kept when it is both the best
    scored edge out of its inner crossing and the best into its outer one. Every crossing keeps at
    most one edge each way, so a junction (a fake edge into another particle's hits) is resolved
@@ -16,8 +17,9 @@ Three steps, each for one way the simpler builders lose tracks in full-density e
    ``MAX_TRANSVERSE`` and ``MAX_LONGITUDINAL``), the outer starting beyond the inner's end, are
    joined, best fits first, each chain continued at most once each way.
 
-Public symbols: ``DOUBLE_HIT_DISTANCE``, ``MAX_TRANSVERSE``, ``MAX_LONGITUDINAL``,
-``double_hit_crossings``, ``mutual_best``, ``join_continuations``, ``chain_tracks``.
+Public symbols: ``DOUBLE_HIT_DISTANCE``, ``MIN_ALIGNMENT``, ``MAX_TRANSVERSE``,
+``MAX_LONGITUDINAL``, ``double_hit_crossings``, ``mutual_best``, ``join_continuations``,
+``chain_tracks``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ from hvdtrack.tracks.graph import connected_components, drop_short
 # Module overlaps put a particle's two hits on one layer within about 20 mm (synthetic and
 # TrackML barrels: 2-15 mm); two particles' hits that close and scored to one hit are rare.
 DOUBLE_HIT_DISTANCE = 20.0  # mm
+# A particle's two hits on overlapping modules lie one behind the other along its path: in the
+# transverse plane, the step between them points the way the particle goes (from the hit they
+# share an edge with), |cos| > 0.99 for 99.9% of such pairs. Two particles' hits on one module
+# lie side by side along it (median |cos| 0.14): merging them put one particle's hits in
+# another's track (default events, test split: 0.012 of the TrackML score).
+MIN_ALIGNMENT = 0.99
 # A join must fit one helix this well (RMS, mm): hit resolution and multiple scattering over a
 # gap of one or two layers stay well below; other particles' chains rarely do.
 MAX_TRANSVERSE = 2.0
@@ -43,9 +51,11 @@ MAX_GAP_DPHI = 0.3  # rad
 def double_hit_crossings(
     num_nodes: int, senders: np.ndarray, receivers: np.ndarray, scores: np.ndarray,
     xyz: np.ndarray, max_distance: float = DOUBLE_HIT_DISTANCE,
+    min_alignment: float = MIN_ALIGNMENT,
 ) -> np.ndarray:  # fmt: skip
     """Groups hits into crossings: two hits that are among the three best-scored neighbours of one
-    hit on the same side, and within ``max_distance``, are one crossing (transitively).
+    hit on the same side, within ``max_distance`` of each other, and one behind the other as
+    seen from that hit (``MIN_ALIGNMENT``), are one crossing (transitively).
 
     Args:
       num_nodes: N; senders, receivers, scores: the kept edges (inner -> outer); xyz: [N, 3] mm.
@@ -53,7 +63,7 @@ def double_hit_crossings(
     Returns:
       int64 [N], crossing of each node, 0 .. C-1.
     """
-    first, second = [], []
+    first, second, hubs = [], [], []
     for hub, other in ((senders, receivers), (receivers, senders)):
         order = np.lexsort((-scores, hub))
         hub, other = hub[order], other[order]
@@ -61,9 +71,17 @@ def double_hit_crossings(
             same = hub[k:] == hub[:-k]
             first.append(other[:-k][same])
             second.append(other[k:][same])
-    a, b = np.concatenate(first), np.concatenate(second)
+            hubs.append(hub[k:][same])
+    a, b, hub = np.concatenate(first), np.concatenate(second), np.concatenate(hubs)
+    step = xyz[b, :2] - xyz[a, :2]
+    heading = (xyz[a, :2] + xyz[b, :2]) / 2 - xyz[hub, :2]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        alignment = np.abs(np.sum(step * heading, axis=1)) / (
+            np.linalg.norm(step, axis=1) * np.linalg.norm(heading, axis=1)
+        )
     close = np.linalg.norm(xyz[a] - xyz[b], axis=1) < max_distance
-    return connected_components(num_nodes, a[close], b[close])
+    one = close & (alignment > min_alignment)
+    return connected_components(num_nodes, a[one], b[one])
 
 
 def mutual_best(senders: np.ndarray, receivers: np.ndarray, scores: np.ndarray) -> np.ndarray:

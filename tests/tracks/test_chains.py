@@ -61,14 +61,19 @@ def test_two_different_helices_do_not_fit_as_one():
 
 
 def test_double_hits_sharing_a_neighbour_are_one_crossing():
-    # Hit 0 scores well to hits 1 and 2 (4 mm apart: a module overlap) and 3 (100 mm away).
-    xyz = np.array([[30.0, 0, 0], [70, 0, 0], [72, 3, 0], [70, 100, 0]])
-    senders, receivers = np.array([0, 0, 0]), np.array([1, 2, 3])
-    crossing = double_hit_crossings(4, senders, receivers, np.array([0.9, 0.8, 0.7]), xyz)
-    assert crossing.tolist() == [0, 1, 1, 2]
-    # The same two hits sharing the hit after them.
-    crossing = double_hit_crossings(4, np.array([1, 2]), np.array([0, 0]), np.ones(2), xyz)
-    assert crossing.tolist() == [0, 1, 1, 2]
+    # Hit 0 scores well to hits 1 and 2 (3 mm apart, one behind the other as seen from 0: a
+    # module overlap), 3 (100 mm away) and 4 (4 mm beside 1 on its module: another particle).
+    xyz = np.array([[30.0, 0, 0], [70, 0, 0], [73, 0.1, 0], [70, 100, 0], [70, 4, 0]])
+    senders, receivers = np.array([0, 0, 0, 0]), np.array([1, 2, 3, 4])
+    scores = np.array([0.9, 0.8, 0.7, 0.85])
+    crossing = double_hit_crossings(5, senders, receivers, scores, xyz)
+    assert crossing.tolist() == [0, 1, 1, 2, 3]
+    # The same hits sharing the hit after them.
+    crossing = double_hit_crossings(5, receivers, senders, scores, xyz)
+    assert crossing.tolist() == [0, 1, 1, 2, 3]
+    # Side by side is one crossing only when the alignment is not asked for.
+    crossing = double_hit_crossings(5, senders, receivers, scores, xyz, min_alignment=-1.0)
+    assert crossing.tolist() == [0, 1, 1, 2, 1]
 
 
 def test_mutual_best_keeps_an_edge_best_at_both_ends():
@@ -84,7 +89,8 @@ def test_chains_keep_double_hits_and_resolve_a_junction():
     # A fake edge from A's hit 1 into B's hit 9 scores 0.7: components merge A and B, the chain
     # builder does not (9's best incoming edge is B's own, 0.95).
     a = helix_hits(RADII[:6], 1667.0)
-    a = np.insert(a, 3, a[2] + [1.0, 4.0, 0.5], axis=0)  # hit 3: 4 mm beside hit 2
+    path = (a[3] - a[2]) / np.linalg.norm(a[3] - a[2])
+    a = np.insert(a, 3, a[2] + 3.0 * path, axis=0)  # hit 3: 3 mm behind hit 2 on its path
     b = helix_hits(RADII[:6], 1667.0, phi0=0.4)  # 46 mm from A on layer 2
     xyz = np.concatenate([a, b])  # A: hits 0-6, B: hits 7-12
     senders = np.array([0, 1, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 1])
