@@ -29,7 +29,6 @@ Public symbols: ``SegmentClassifier``, ``FactorizedEdgeUpdate``, ``segment_sum``
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import sonnet as snt
@@ -38,8 +37,9 @@ from graph_nets import blocks
 from graph_nets.graphs import GraphsTuple
 
 from hvdtrack.model.config import ACTIVATION_NAMES, ModelConfig
-from hvdtrack.model.kernels import fused_kernels
 from hvdtrack.model.norm import LayerNorm
+from hvdtrack.model.recompute import StepParts, recomputed_rows, recomputed_step
+from hvdtrack.model.segments import gather_rows, segment_sum
 
 ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
     "relu": tf.nn.relu,
@@ -50,72 +50,6 @@ assert tuple(ACTIVATIONS) == ACTIVATION_NAMES
 
 # The sub-modules holding variables, in data-flow order; variable names start with these.
 MODULE_NAMES = ("node_encoder", "edge_encoder", "edge_update", "node_update", "edge_output")
-
-
-def segment_sum(values: tf.Tensor, segment_ids: tf.Tensor, num_segments) -> tf.Tensor:
-    """The sum of the rows of ``values`` per segment id, whose gradient is a plain gather.
-
-    On CPU, for float32 [E, width] values and int32 ids, the kernel library's
-    ``HvdtrackSegmentSum`` (``segment_sum.cc``): it scales with the intra-op threads and gives
-    the same sums at any thread count, equal bit for bit to TensorFlow's one-thread kernel.
-    Elsewhere (``kernels.fused_kernels()`` is None, other dtypes) it is
-    ``tf.math.unsorted_segment_sum``. TensorFlow's own gradient also handles negative (dropped)
-    ids with an extra zeros_like and select over [E, width]; edge endpoints are always valid
-    node indices, so those are wasted (about 5% of a training step; see
-    ``hvdtrack.bench.model --breakdown``).
-
-    Args:
-      values: float [E, width].
-      segment_ids: int32 [E], each in [0, num_segments).
-      num_segments: scalar int, N.
-
-    Returns:
-      [N, width] in ``values``' dtype, row n the sum of the rows of ``values`` whose id is n.
-
-    Raises:
-      tf.errors.InvalidArgumentError: an id outside [0, num_segments) (named with its edge).
-    """
-    values, segment_ids = tf.convert_to_tensor(values), tf.convert_to_tensor(segment_ids)
-    fused = values.dtype == tf.float32 and values.shape.rank == 2
-    kernels = fused_kernels() if fused and segment_ids.dtype == tf.int32 else None
-
-    @tf.custom_gradient
-    def _sum(values):
-        def grad(upstream):
-            return tf.gather(upstream, segment_ids)
-
-        if kernels:
-            count = tf.cast(num_segments, tf.int32)
-            return kernels.hvdtrack_segment_sum(values, segment_ids, count), grad
-        return tf.math.unsorted_segment_sum(values, segment_ids, num_segments), grad
-
-    return _sum(values)
-
-
-def gather_rows(params: tf.Tensor, indices: tf.Tensor) -> tf.Tensor:
-    """``tf.gather(params, indices)`` whose gradient is ``segment_sum`` of the upstream rows.
-
-    TensorFlow's gradient of a gather is an IndexedSlices made dense by its own
-    ``UnsortedSegmentSum`` (16 per training step of the default model, not scaling with
-    threads); this one runs the same sum on ``segment_sum``'s kernel, with the same bits.
-
-    Args:
-      params: [N, width].
-      indices: int32 [E], each in [0, N).
-
-    Returns:
-      [E, width], row e the row ``indices[e]`` of ``params``.
-    """
-    params, indices = tf.convert_to_tensor(params), tf.convert_to_tensor(indices)
-
-    @tf.custom_gradient
-    def _gather(params):
-        def grad(upstream):
-            return segment_sum(upstream, indices, tf.shape(params)[0])
-
-        return tf.gather(params, indices), grad
-
-    return _gather(params)
 
 
 def make_mlp(
@@ -131,6 +65,23 @@ def make_mlp(
     if not with_layer_norm:
         return mlp
     return snt.Sequential([mlp, LayerNorm()])
+
+
+class EdgeBlock(blocks.EdgeBlock):
+    """``graph_nets.blocks.EdgeBlock`` that can also run its edge model on given rows."""
+
+    def rows(self, *parts: tf.Tensor) -> tf.Tensor:
+        """The edge model on the concatenation of ``parts`` (rows of edges, in the order the
+        block collects them: edges, receiver nodes, sender nodes)."""
+        return self._edge_model(tf.concat(parts, axis=-1) if len(parts) > 1 else parts[0])
+
+
+class NodeBlock(blocks.NodeBlock):
+    """``graph_nets.blocks.NodeBlock`` that can also run its node model on given sums."""
+
+    def rows(self, *parts: tf.Tensor) -> tf.Tensor:
+        """The node model on the concatenation of ``parts`` (received sums, sent sums, nodes)."""
+        return self._node_model(tf.concat(parts, axis=-1))
 
 
 class SegmentClassifier(snt.Module):
@@ -166,20 +117,20 @@ class SegmentClassifier(snt.Module):
             return make_mlp(sizes, config, with_layer_norm=False, activate_final=False)
 
         edges_only = dict(use_receiver_nodes=False, use_sender_nodes=False, use_globals=False)
-        self._node_encoder = blocks.NodeBlock(
+        self._node_encoder = NodeBlock(
             mlp_fn(config.node_encoder),
             use_received_edges=False,
             use_sent_edges=False,
             use_globals=False,
             name="node_encoder",
         )
-        self._edge_encoder = blocks.EdgeBlock(
+        self._edge_encoder = EdgeBlock(
             mlp_fn(config.edge_encoder), name="edge_encoder", **edges_only
         )
         if config.factorized_edge_update:
             self._edge_update = FactorizedEdgeUpdate(config, name="edge_update")
         else:
-            self._edge_update = blocks.EdgeBlock(
+            self._edge_update = EdgeBlock(
                 mlp_fn(config.edge_update),
                 use_edges=True,
                 use_receiver_nodes=True,
@@ -187,7 +138,7 @@ class SegmentClassifier(snt.Module):
                 use_globals=False,
                 name="edge_update",
             )
-        self._node_update = blocks.NodeBlock(
+        self._node_update = NodeBlock(
             mlp_fn(config.node_update),
             use_received_edges=True,
             use_sent_edges=True,
@@ -197,7 +148,7 @@ class SegmentClassifier(snt.Module):
             sent_edges_reducer=segment_sum,
             name="node_update",
         )
-        self._edge_output = blocks.EdgeBlock(head_fn, name="edge_output", **edges_only)
+        self._edge_output = EdgeBlock(head_fn, name="edge_output", **edges_only)
 
     @property
     def config(self) -> ModelConfig:
@@ -274,32 +225,58 @@ class SegmentClassifier(snt.Module):
         return updated, tf.squeeze(self._edge_output(updated).edges, axis=-1)
 
     def _forward(self, graphs: GraphsTuple, recompute: bool) -> list[tf.Tensor]:
-        encoded, invariant = self.encode(graphs)
-
-        def core(nodes, edges, encoded_nodes, encoded_edges, *invariant, output=True):
-            """``core_step`` on tensors (what ``tf.recompute_grad`` takes): (node, edge)
-            latents -> new (node, edge) latents and the step's edge logits [E] (if ``output``,
-            else a placeholder [0])."""
-            latent = graphs.replace(nodes=nodes, edges=edges)
-            enc = graphs.replace(nodes=encoded_nodes, edges=encoded_edges)
-            updated, logits = self.core_step(latent, enc, invariant, output)
-            if logits is None:
-                logits = tf.zeros([0], updated.edges.dtype)
-            return updated.nodes, updated.edges, logits
-
-        steps = {True: core, False: functools.partial(core, output=False)}
         if recompute:
-            # Keeps only each step's inputs for the backward pass and runs the step (with its
-            # output head) again there: activation memory of one step instead of all.
-            steps = {key: tf.recompute_grad(fn) for key, fn in steps.items()}
-        nodes, edges = encoded.nodes, encoded.edges
-        outputs = []
+            return self._forward_recomputed(graphs)
+        encoded, invariant = self.encode(graphs)
+        latent, outputs = encoded, []
         for step in range(self._config.num_message_passing_steps):
             last = step == self._config.num_message_passing_steps - 1
             output = self._config.output_every_step or last
-            nodes, edges, logits = steps[output](
-                nodes, edges, encoded.nodes, encoded.edges, *invariant
-            )
+            latent, logits = self.core_step(latent, encoded, invariant, output)
+            if output:
+                outputs.append(logits)
+        return outputs
+
+    def _forward_recomputed(self, graphs: GraphsTuple) -> list[tf.Tensor]:
+        """``_forward`` keeping only the step boundaries for the backward pass
+        (``hvdtrack.model.recompute``): the same function, the same gradients."""
+        config = self._config
+        factorized = config.factorized_edge_update
+        encoded_nodes = self._node_encoder(graphs).nodes
+        encoded_edges = recomputed_rows(self._edge_encoder.rows, graphs.edges, config.chunk_edges)
+        invariant = self._edge_update.node_invariant(encoded_nodes) if factorized else ()
+
+        def node_terms(x, xe, invariant):
+            if factorized:
+                return self._edge_update.node_terms(x, invariant)
+            core = tf.concat([xe, x], axis=-1)
+            return core, core
+
+        def edge_rows(e, ee, receiver_rows, sender_rows):
+            if factorized:
+                term = self._edge_update.edge_term(ee)
+                return self._edge_update.rows(e, term, receiver_rows, sender_rows)
+            return self._edge_update.rows(ee, e, receiver_rows, sender_rows)
+
+        parts = StepParts(
+            node_terms=node_terms,
+            edge_rows=edge_rows,
+            head_rows=lambda e: tf.squeeze(self._edge_output.rows(e), axis=-1),
+            node_rows=lambda received, sent, x, xe: self._node_update.rows(
+                received, sent, tf.concat([xe, x], axis=-1)
+            ),
+        )
+        nodes, edges = encoded_nodes, encoded_edges
+        shared = (encoded_nodes, encoded_edges, *invariant)
+        outputs = []
+        for step in range(config.num_message_passing_steps):
+            last = step == config.num_message_passing_steps - 1
+            output = config.output_every_step or last
+            run = recomputed_step(
+                parts, graphs.senders, graphs.receivers, config.chunk_edges, output, last,
+                config.offload,
+            )  # fmt: skip
+            nodes, edges, logits, *shared = run(nodes, edges, *shared)
             if output:
                 outputs.append(logits)
         return outputs
@@ -353,35 +330,57 @@ class FactorizedEdgeUpdate(snt.Module):
           encoded: the encoders' output: nodes [N, L_n], edges [E, L_e].
 
         Returns:
-          edge_term: float32 [E, H], ``e_enc @ W_e_enc + b``.
-          receiver_term, sender_term: float32 [N, H], ``x_enc @ W_r_enc`` and ``x_enc @ W_s_enc``.
+          edge_term: float32 [E, H], ``e_enc @ W_e_enc + b`` (``edge_term``).
+          receiver_term, sender_term: float32 [N, H], ``x_enc @ W_r_enc`` and ``x_enc @ W_s_enc``
+          (``node_invariant``).
         """
+        return (self.edge_term(encoded.edges), *self.node_invariant(encoded.nodes))
+
+    def edge_term(self, encoded_edges: tf.Tensor) -> tf.Tensor:
+        """``e_enc @ W_e_enc + b`` [rows, H], for any rows of the encoded edges."""
         p = self._first_layer_blocks()
-        return (
-            encoded.edges @ p["e_enc"] + p["b"],
-            encoded.nodes @ p["r_enc"],
-            encoded.nodes @ p["s_enc"],
-        )
+        return encoded_edges @ p["e_enc"] + p["b"]
+
+    def node_invariant(self, encoded_nodes: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """``x_enc @ W_r_enc`` and ``x_enc @ W_s_enc`` [N, H]."""
+        p = self._first_layer_blocks()
+        return encoded_nodes @ p["r_enc"], encoded_nodes @ p["s_enc"]
+
+    def node_terms(
+        self, nodes: tf.Tensor, invariant: tuple[tf.Tensor, tf.Tensor]
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """What the edges gather from their receiver and sender [N, H]:
+        ``x @ W_r + x_enc @ W_r_enc`` and ``x @ W_s + x_enc @ W_s_enc``."""
+        p = self._first_layer_blocks()
+        receiver_term, sender_term = invariant
+        return nodes @ p["r"] + receiver_term, nodes @ p["s"] + sender_term
+
+    def rows(
+        self, edges: tf.Tensor, edge_term: tf.Tensor, receiver_rows: tf.Tensor,
+        sender_rows: tf.Tensor,
+    ) -> tf.Tensor:  # fmt: skip
+        """New edge latents [rows, L_e] of any rows of the edges, from their latents, their
+        ``edge_term`` and their rows of ``node_terms``."""
+        p = self._first_layer_blocks()
+        # One pass adding the four [E, H] terms (three adds would write three of them).
+        h = tf.add_n([edge_term, edges @ p["e"], receiver_rows, sender_rows])
+        h = self._activation(h)
+        for layer in self._mlp.layers[1:]:
+            h = self._activation(layer(h))
+        return h if self._norm is None else self._norm(h)
 
     def __call__(
         self, latent: GraphsTuple, encoded_terms: tuple[tf.Tensor, tf.Tensor, tf.Tensor]
     ) -> tf.Tensor:
         """New edge latents, float32 [E, L_e], from the current latents and ``encoded_terms``."""
-        p = self._first_layer_blocks()
-        edge_term, receiver_term, sender_term = encoded_terms
-        # One pass adding the four [E, H] terms (three adds would write three of them).
-        h = tf.add_n(
-            [
-                edge_term,
-                latent.edges @ p["e"],
-                gather_rows(latent.nodes @ p["r"] + receiver_term, latent.receivers),
-                gather_rows(latent.nodes @ p["s"] + sender_term, latent.senders),
-            ]
+        edge_term, *invariant = encoded_terms
+        receiver, sender = self.node_terms(latent.nodes, invariant)
+        return self.rows(
+            latent.edges,
+            edge_term,
+            gather_rows(receiver, latent.receivers),
+            gather_rows(sender, latent.senders),
         )
-        h = self._activation(h)
-        for layer in self._mlp.layers[1:]:
-            h = self._activation(layer(h))
-        return h if self._norm is None else self._norm(h)
 
 
 def _check_config(config: object, who: str) -> None:

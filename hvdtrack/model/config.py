@@ -41,9 +41,16 @@ class ModelConfig:
         gather ((x @ W_r)[receivers] rather than x[receivers] @ W_r) and the encoded parts once
         per forward pass rather than once per step. Same function, same variables (names and
         shapes), fewer FLOPs and no [E, 384] concatenation; see ``hvdtrack.bench.model``.
-      recompute: keep only each message-passing step's inputs for the backward pass and
-        compute the step again there (``tf.recompute_grad``): the same gradients, a training
-        step's activation memory of one step instead of all, for about one more forward pass.
+      recompute: keep only the step boundaries for the backward pass (each message-passing
+        step's node and edge latents, the encoded latents and the gather indices) and compute
+        everything else again there, edges in chunks of ``chunk_edges`` (``model.recompute``):
+        the same gradients, the memory of the boundaries plus one chunk, for about one more
+        forward pass.
+      chunk_edges: with ``recompute``, edges per chunk of the recomputed edge MLPs (forward
+        and backward): the working memory of a step beyond its boundaries.
+      offload: with ``recompute``, keep the step boundaries in host memory between the forward
+        and the backward pass (a GPU's memory then holds one step); on a CPU host memory is
+        where they are, and this changes nothing.
       precision: compute dtype of the model: "float32", "bfloat16" (CPUs with AVX512-BF16 or
         AMX, and GPUs) or "float16" (GPUs; the trainer scales the loss). Variables, gradients,
         optimizer and the returned logits stay float32; layer norm statistics are float32.
@@ -65,6 +72,8 @@ class ModelConfig:
     activation: Literal["relu", "tanh", "elu"] = "relu"
     factorized_edge_update: bool = False
     recompute: bool = False
+    chunk_edges: int = 16384
+    offload: bool = False
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
 
     def __post_init__(self) -> None:
@@ -107,8 +116,25 @@ class ModelConfig:
             "num_message_passing_steps",
             f"must be at most {MAX_MESSAGE_PASSING_STEPS}, got {steps}",
         )
-        for key in ("layer_norm", "output_every_step", "factorized_edge_update", "recompute"):
+        for key in (
+            "layer_norm",
+            "output_every_step",
+            "factorized_edge_update",
+            "recompute",
+            "offload",
+        ):
             check(isinstance(getattr(self, key), bool), key, "must be true or false")
+        chunk = self.chunk_edges
+        check(
+            isinstance(chunk, int) and not isinstance(chunk, bool) and 1 <= chunk <= 2**30,
+            "chunk_edges",
+            f"must be an integer from 1 to 2**30, got {chunk!r}",
+        )
+        check(
+            self.recompute or not self.offload,
+            "offload",
+            "needs model.recompute=true (the step boundaries are what is offloaded)",
+        )
         check(
             self.precision in PRECISIONS,
             "precision",

@@ -43,8 +43,6 @@ class TrainState:
         reason = unsupported_reason(config.model.precision, has_gpu, cpu_flags())
         if reason:
             raise ConfigError(reason)
-        if config.model.recompute:
-            _keep_recompute_in_backward_pass()
         # Different initial weights per rank: the broadcast at restore, not the seed, makes
         # them equal.
         tf.random.set_seed(tc.seed + 1000 * workers.rank)
@@ -110,20 +108,3 @@ class TrainState:
         if broadcast:
             self.workers.broadcast_variables(self.variables_to_sync())
         return checkpoint
-
-
-def _keep_recompute_in_backward_pass() -> None:
-    """Turns off the grappler passes that defeat ``tf.recompute_grad`` (process-wide).
-
-    tf.recompute_grad defers each step's recomputation to the backward pass through a data
-    dependency that these passes fold away (the recomputation then runs in the forward pass and
-    the memory is not saved: 638 MB peak instead of 412 MB, 5k nodes / 40k edges). They stay
-    off for every function compiled from here on.
-    """
-    tf.config.optimizer.set_experimental_options(
-        {
-            "constant_folding": False,
-            "arithmetic_optimization": False,
-            "dependency_optimization": False,
-        }
-    )

@@ -10,8 +10,9 @@ import tensorflow as tf
 
 from hvdtrack import configtools
 from hvdtrack.errors import ConfigError
-from hvdtrack.model.classifier import MODULE_NAMES, SegmentClassifier, segment_sum
+from hvdtrack.model.classifier import MODULE_NAMES, SegmentClassifier
 from hvdtrack.model.config import ModelConfig
+from hvdtrack.model.segments import segment_sum
 from tests.model.conftest import TINY
 
 

@@ -48,7 +48,7 @@ def test_a_failed_build_names_the_command_and_leaves_nothing(tmp_path, monkeypat
 def test_without_a_compiler_the_ops_versions_run_and_say_why(tmp_path):
     program = (
         "import tensorflow as tf\n"
-        "from hvdtrack.model.classifier import segment_sum\n"
+        "from hvdtrack.model.segments import segment_sum\n"
         "from hvdtrack.model.kernels import fused_kernels\n"
         "from hvdtrack.model.norm import LayerNorm\n"
         "assert fused_kernels() is None\n"

@@ -27,17 +27,27 @@ def loss_and_gradients(model, graphs, labels, compiled):
 
 
 @pytest.mark.parametrize(
-    "compiled, factorized, every_step",
-    [(False, False, True), (False, True, True), (True, False, True), (True, True, True),
-     (False, True, False)],
+    "compiled, factorized, every_step, chunk, offload",
+    [(False, False, True, 16384, False), (False, True, True, 16384, False),
+     (True, False, True, 16384, False), (True, True, True, 16384, False),
+     (False, True, False, 16384, False),
+     # 7 edges in chunks of 3 (3 + 3 + 1) and of 1: the chunks' parts add up to the whole.
+     (False, True, True, 3, False), (True, True, True, 3, False), (True, False, True, 1, False),
+     (True, True, False, 2, False),
+     # Offload: boundaries kept on /CPU:0 between the passes (here where they are anyway).
+     (True, True, True, 3, True), (False, False, True, 2, True)],
 )  # fmt: skip
-def test_recomputed_gradients_equal_plain_ones(graphs, compiled, factorized, every_step):
+def test_recomputed_gradients_equal_plain_ones(
+    graphs, compiled, factorized, every_step, chunk, offload
+):
     config = dataclasses.replace(
         TINY, layer_norm=True, factorized_edge_update=factorized, output_every_step=every_step
     )
     labels = tf.constant([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
     plain = SegmentClassifier(config)
-    recomputed = SegmentClassifier(dataclasses.replace(config, recompute=True))
+    recomputed = SegmentClassifier(
+        dataclasses.replace(config, recompute=True, chunk_edges=chunk, offload=offload)
+    )
     plain(graphs), recomputed(graphs)
     copy_weights(plain, recomputed)
     loss_a, grads_a = loss_and_gradients(plain, graphs, labels, compiled)
@@ -81,6 +91,9 @@ def test_bfloat16_keeps_float32_variables_and_logits_close_to_float32(graphs):
     [
         (dict(recompute="yes"), "'model.recompute' must be true or false"),
         (dict(precision="float8"), "'model.precision' must be one of 'float32', 'bfloat16'"),
+        (dict(offload=True), "'model.offload' needs model.recompute=true"),
+        (dict(recompute=True, chunk_edges=0), "'model.chunk_edges' must be an integer from 1"),
+        (dict(chunk_edges=True), "'model.chunk_edges' must be an integer"),
     ],
 )
 def test_bad_switches_are_rejected_naming_the_key(changes, message):

@@ -1,5 +1,5 @@
 """The segment sum of the node update: the kernel library's ``HvdtrackSegmentSum`` gives
-TensorFlow's ``unsorted_segment_sum`` bit for bit, at any thread count; ``classifier.segment_sum``
+TensorFlow's ``unsorted_segment_sum`` bit for bit, at any thread count; ``segments.segment_sum``
 uses it on CPU and TensorFlow ops elsewhere (``plain_ops``, ``HVDTRACK_FUSED_OPS=0``)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrack.model import classifier as classifier_module
-from hvdtrack.model.classifier import segment_sum
+from hvdtrack.model import segments as segments_module
 from hvdtrack.model.kernels import fused_kernels, plain_ops
+from hvdtrack.model.segments import segment_sum
 
 # Ends a hung subprocess; not a speed goal (one takes 10-20 s on a loaded 2-core machine, more
 # when it must first compile the library into a fresh cache).
@@ -148,7 +148,7 @@ def test_segment_sum_with_the_kernel_equals_the_tensorflow_ops_version(monkeypat
     values, ids = _random_case(rng, 500, 40, 6)
     upstream = tf.constant(rng.standard_normal((40, 6)), tf.float32)
     fused = _value_and_gradient(values, ids, upstream)
-    monkeypatch.setattr(classifier_module, "fused_kernels", lambda: None)
+    monkeypatch.setattr(segments_module, "fused_kernels", lambda: None)
     ops = _value_and_gradient(values, ids, upstream)
     for a, b in zip(fused, ops):
         assert a.numpy().tobytes() == b.numpy().tobytes()
@@ -237,7 +237,7 @@ def test_gather_rows_gathers_and_its_gradient_sums_per_row():
     indices = tf.constant([2, 0, 2], tf.int32)
     with tf.GradientTape() as tape:
         tape.watch(params)
-        rows = classifier_module.gather_rows(params, indices)
+        rows = segments_module.gather_rows(params, indices)
         loss = tf.reduce_sum(rows * tf.constant([[1.0, 10.0], [100.0, 1000.0], [2.0, 20.0]]))
     np.testing.assert_array_equal(rows.numpy(), [[5.0, 6.0], [1.0, 2.0], [5.0, 6.0]])
     np.testing.assert_array_equal(
@@ -249,7 +249,7 @@ def test_gather_rows_gradient_has_tensorflows_bits(kernels):
     values, ids = _random_case(np.random.default_rng(3), 20000, 3000, 64)
     params = tf.random.stateless_normal([3000, 64], seed=[1, 2])
     grads = []
-    for gather in (classifier_module.gather_rows, tf.gather):
+    for gather in (segments_module.gather_rows, tf.gather):
         with tf.GradientTape() as tape:
             tape.watch(params)
             loss = tf.reduce_sum(gather(params, ids) * values)

@@ -1,0 +1,80 @@
+"""Sums of edge rows per node and gathers of node rows per edge, each the other's gradient.
+
+The message passing's two data movements: ``segment_sum`` (edges to nodes) and ``gather_rows``
+(nodes to edges). On CPU both sums run on the kernel library's ``HvdtrackSegmentSum``
+(``segment_sum.cc``), which scales with threads and gives the same bits at any thread count.
+
+Public symbols: ``segment_sum``, ``gather_rows``.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from hvdtrack.model.kernels import fused_kernels
+
+
+def segment_sum(values: tf.Tensor, segment_ids: tf.Tensor, num_segments) -> tf.Tensor:
+    """The sum of the rows of ``values`` per segment id, whose gradient is a plain gather.
+
+    On CPU, for float32 [E, width] values and int32 ids, the kernel library's
+    ``HvdtrackSegmentSum`` (``segment_sum.cc``): it scales with the intra-op threads and gives
+    the same sums at any thread count, equal bit for bit to TensorFlow's one-thread kernel.
+    Elsewhere (``kernels.fused_kernels()`` is None, other dtypes) it is
+    ``tf.math.unsorted_segment_sum``. TensorFlow's own gradient also handles negative (dropped)
+    ids with an extra zeros_like and select over [E, width]; edge endpoints are always valid
+    node indices, so those are wasted (about 5% of a training step; see
+    ``hvdtrack.bench.model --breakdown``).
+
+    Args:
+      values: float [E, width].
+      segment_ids: int32 [E], each in [0, num_segments).
+      num_segments: scalar int, N.
+
+    Returns:
+      [N, width] in ``values``' dtype, row n the sum of the rows of ``values`` whose id is n.
+
+    Raises:
+      tf.errors.InvalidArgumentError: an id outside [0, num_segments) (named with its edge).
+    """
+    values, segment_ids = tf.convert_to_tensor(values), tf.convert_to_tensor(segment_ids)
+    fused = values.dtype == tf.float32 and values.shape.rank == 2
+    kernels = fused_kernels() if fused and segment_ids.dtype == tf.int32 else None
+
+    @tf.custom_gradient
+    def _sum(values):
+        def grad(upstream):
+            return tf.gather(upstream, segment_ids)
+
+        if kernels:
+            count = tf.cast(num_segments, tf.int32)
+            return kernels.hvdtrack_segment_sum(values, segment_ids, count), grad
+        return tf.math.unsorted_segment_sum(values, segment_ids, num_segments), grad
+
+    return _sum(values)
+
+
+def gather_rows(params: tf.Tensor, indices: tf.Tensor) -> tf.Tensor:
+    """``tf.gather(params, indices)`` whose gradient is ``segment_sum`` of the upstream rows.
+
+    TensorFlow's gradient of a gather is an IndexedSlices made dense by its own
+    ``UnsortedSegmentSum`` (16 per training step of the default model, not scaling with
+    threads); this one runs the same sum on ``segment_sum``'s kernel, with the same bits.
+
+    Args:
+      params: [N, width].
+      indices: int32 [E], each in [0, N).
+
+    Returns:
+      [E, width], row e the row ``indices[e]`` of ``params``.
+    """
+    params, indices = tf.convert_to_tensor(params), tf.convert_to_tensor(indices)
+
+    @tf.custom_gradient
+    def _gather(params):
+        def grad(upstream):
+            return segment_sum(upstream, indices, tf.shape(params)[0])
+
+        return tf.gather(params, indices), grad
+
+    return _gather(params)
