@@ -243,7 +243,23 @@ class SegmentClassifier(snt.Module):
         config = self._config
         factorized = config.factorized_edge_update
         encoded_nodes = self._node_encoder(graphs).nodes
-        encoded_edges = recomputed_rows(self._edge_encoder.rows, graphs.edges, config.chunk_edges)
+        dtype = graphs.nodes.dtype
+
+        def compute_dtype(fn: Callable) -> Callable:
+            """``fn`` reading the variables in the compute dtype, as ``__call__`` does, also
+            when the backward pass runs it again (outside ``__call__``'s variable getter)."""
+            if dtype == tf.float32:
+                return fn
+
+            def cast(*args):
+                with snt.custom_variable_getter(lambda v: tf.cast(v, dtype)):
+                    return fn(*args)
+
+            return cast
+
+        encoded_edges = recomputed_rows(
+            compute_dtype(self._edge_encoder.rows), graphs.edges, config.chunk_edges
+        )
         invariant = self._edge_update.node_invariant(encoded_nodes) if factorized else ()
 
         def node_terms(x, xe, invariant):
@@ -258,14 +274,13 @@ class SegmentClassifier(snt.Module):
                 return self._edge_update.rows(e, term, receiver_rows, sender_rows)
             return self._edge_update.rows(ee, e, receiver_rows, sender_rows)
 
-        parts = StepParts(
-            node_terms=node_terms,
-            edge_rows=edge_rows,
-            head_rows=lambda e: tf.squeeze(self._edge_output.rows(e), axis=-1),
-            node_rows=lambda received, sent, x, xe: self._node_update.rows(
-                received, sent, tf.concat([xe, x], axis=-1)
-            ),
-        )
+        def head_rows(e):
+            return tf.squeeze(self._edge_output.rows(e), axis=-1)
+
+        def node_rows(received, sent, x, xe):
+            return self._node_update.rows(received, sent, tf.concat([xe, x], axis=-1))
+
+        parts = StepParts(*map(compute_dtype, (node_terms, edge_rows, head_rows, node_rows)))
         nodes, edges = encoded_nodes, encoded_edges
         shared = (encoded_nodes, encoded_edges, *invariant)
         outputs = []
