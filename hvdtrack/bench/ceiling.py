@@ -140,7 +140,7 @@ def _time_step(job: dict, cores: list[int], index: int, barrier, results) -> Non
     """One process: pinned to ``cores`` before TensorFlow starts, one thread per core."""
     try:
         os.sched_setaffinity(0, cores)
-        from hvdtrack.bench import model
+        from hvdtrack.bench import model, workload
         from hvdtrack.entry import TRAINING, start
 
         start(TRAINING)
@@ -150,13 +150,13 @@ def _time_step(job: dict, cores: list[int], index: int, barrier, results) -> Non
         for override in job["overrides"]:
             argv += ["--set", override]
         args = model.parse_args(argv)
-        step = model.step_fn(
-            model.build_step(args), *model.synthetic_graph(job["nodes"], job["edges"])
+        step = workload.step_fn(
+            workload.build_step(args), *workload.synthetic_graph(job["nodes"], job["edges"])
         )
         for _ in range(job["warmup"]):
             step()
         barrier.wait(timeout=BARRIER_TIMEOUT_S)
-        timing = model.time_calls(step, 0, job["repeats"])
+        timing = workload.time_calls(step, 0, job["repeats"])
         results.put((index, timing.median, None))
     except BaseException as err:  # noqa: BLE001 - reported to the parent, which raises
         _abort(barrier)

@@ -1,4 +1,5 @@
-"""Peak memory: the /proc reading behind ``hvdtrack.utils.memory`` and the bench's memory table."""
+"""Peak memory: the /proc reading behind ``hvdtrack.utils.memory`` and the bench's memory table
+(``hvdtrack.bench.memory``, run as ``bench model --memory``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,20 @@ import numpy as np
 import pytest
 
 from hvdtrack.bench import model as bench
+from hvdtrack.bench.memory import memory_per_edge_png, parse_bytes
 from hvdtrack.utils import memory
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def test_parse_bytes():
+    assert parse_bytes("4GiB") == 4 * 2**30
+    assert parse_bytes("512MiB") == 512 * 2**20
+    assert parse_bytes("1.5GB") == 1_500_000_000
+    assert parse_bytes("100") == 100
+    with pytest.raises(ValueError, match="'4 parsecs' is not a size"):
+        parse_bytes("4 parsecs")
 
 
 def test_status_fields_are_read_in_bytes():
@@ -50,3 +62,48 @@ def test_a_budget_below_the_smallest_graph_is_reported(capsys):
     captured = capsys.readouterr()
     assert "10000 edges: over budget, stopped -> too big" in captured.out
     assert "--memory-budget: not even 10000 edges fit in 104857600 bytes" in captured.err
+
+
+def test_memory_per_edge_is_drawn_for_both_modes_without_missing_values():
+    def record(edges, allocator_peak):
+        return dict(edges=edges, rss_growth=2048 * edges, allocator_peak=allocator_peak)
+
+    series = {
+        "plain": [record(100, 4096 * 100), record(1000, None)],
+        "recompute": [record(100, 1024 * 100), record(1000, 1024 * 1000)],
+    }
+    assert memory_per_edge_png(series, "training step of the tiny model").startswith(PNG_SIGNATURE)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--plot", "x.png"], "--plot draws --memory's tables: give --memory"),
+        (["--memory", "--memory-budget", "1GiB", "--plot", "x.png"], "(without --memory-budget)"),
+        (["--memory", "--plot", "no/such/dir/x.png"], "--plot no/such/dir/x.png: no directory"),
+    ],
+)
+def test_a_plot_without_its_table_or_directory_is_refused(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(argv)
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow  # four fresh TensorFlow processes: ~40 s, more on a loaded machine
+def test_the_plot_measures_plain_and_recompute_in_fresh_processes(tmp_path, capsys):
+    png, out = tmp_path / "memory_per_edge.png", tmp_path / "memory.json"
+    argv = ["--config", "tiny", "--memory", "--nodes", "50", "100", "--edges", "400", "800"]
+    code = bench.main(argv + ["--repeats", "1", "--plot", str(png), "--json", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert printed.count("peak memory of one training step") == 2
+    assert "recompute=False" in printed and "recompute=True" in printed
+    assert png.read_bytes().startswith(PNG_SIGNATURE)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted([png.name, out.name])  # no temporary left beside them
+    series = json.loads(out.read_text())["series"]
+    assert list(series) == ["plain", "recompute"]
+    for mode, run in series.items():
+        assert run["config"]["model"]["recompute"] == (mode == "recompute")
+        assert [(r["nodes"], r["edges"]) for r in run["records"]] == [(50, 400), (100, 800)]
+        assert all(r["rss_growth"] > 0 and r["allocator_peak"] > 0 for r in run["records"])

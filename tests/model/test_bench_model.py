@@ -57,15 +57,6 @@ def test_breakdown_sums_by_category():
     }  # fmt: skip
 
 
-def test_parse_bytes():
-    assert bench.parse_bytes("4GiB") == 4 * 2**30
-    assert bench.parse_bytes("512MiB") == 512 * 2**20
-    assert bench.parse_bytes("1.5GB") == 1_500_000_000
-    assert bench.parse_bytes("100") == 100
-    with pytest.raises(ValueError, match="'4 parsecs' is not a size"):
-        bench.parse_bytes("4 parsecs")
-
-
 def test_bad_model_override_is_reported_with_its_key(capsys):
     code = bench.main(["--nodes", "10", "--set", "num_message_passing_steps=0"])
     assert code == 2

@@ -1,0 +1,135 @@
+"""The work that the step benches (``model``, ``memory``, ``ceiling``) run: the configured
+training step on one synthetic graph, and the timing of calls.
+
+``build_step(args)`` builds the step ``hvdtrack train`` runs (``hvdtrack.train.step.TrainStep``)
+from the bench's command line (``--config``, ``--set`` overrides, ``--threads``);
+``step_fn(step, *synthetic_graph(num_nodes, num_edges))`` is one training step per call;
+``time_calls`` times such calls (median, spread, process CPU time). ``write_figures`` keeps a
+bench's configuration and records as JSON.
+
+Public symbols: ``NUM_NODE_FEATURES``, ``NUM_EDGE_FEATURES``, ``EDGES_PER_NODE``, ``Timing``,
+``time_calls``, ``run_config``, ``build_step``, ``step_fn``, ``synthetic_graph``,
+``write_figures``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import statistics
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+NUM_NODE_FEATURES = 3  # the record schema's [r, phi, z]
+NUM_EDGE_FEATURES = 4  # [dr, dphi, dz, deta]
+EDGES_PER_NODE = 8  # of the benches' default graphs and of the memory bisection's
+
+
+@dataclasses.dataclass
+class Timing:
+    """Wall and process-CPU seconds per call of one timed function (warm-up excluded)."""
+
+    seconds: list[float]
+    cpu_seconds: list[float]
+    median: float = dataclasses.field(init=False)
+    cpu_median: float = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.median = statistics.median(self.seconds)
+        self.cpu_median = statistics.median(self.cpu_seconds)
+
+    def describe(self) -> str:
+        ms = [1e3 * x for x in (self.median, min(self.seconds), max(self.seconds))]
+        return f"{ms[0]:.1f} ms (min {ms[1]:.1f}, max {ms[2]:.1f}; CPU {1e3 * self.cpu_median:.1f})"
+
+
+def time_calls(fn: Callable[[], object], warmup: int, repeats: int) -> Timing:
+    """Calls ``fn`` ``warmup`` times untimed, then times ``repeats`` calls."""
+    for _ in range(warmup):
+        fn()
+    seconds, cpu_seconds = [], []
+    for _ in range(repeats):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        fn()
+        seconds.append(time.perf_counter() - start)
+        cpu_seconds.append(time.process_time() - start_cpu)
+    return Timing(seconds, cpu_seconds)
+
+
+def run_config(args: argparse.Namespace):
+    """The bench's ``Config``: ``args.config`` (None: the packaged default) with ``args.overrides``
+    (a bare ``KEY=VALUE`` is a model key), local workers and ``args.threads`` intra-op threads
+    (0: every core this process may use)."""
+    from hvdtrack.config import load_config, resolve_config_path
+
+    overrides = [s if "." in s.partition("=")[0] else f"model.{s}" for s in args.overrides]
+    threads = "null" if args.threads == 0 else str(args.threads)
+    forced = ["distributed.strategy=local", f"distributed.threads_per_worker={threads}"]
+    return load_config(resolve_config_path(args.config), overrides + forced)
+
+
+def build_step(args: argparse.Namespace):
+    """The configured training step (``TrainStep``) over a fresh state, built from the same
+    pieces as ``hvdtrack train``'s; its Workers set TensorFlow's threads before any op runs.
+    No dataset: a constant learning rate at the configured (scaled) peak."""
+    config = run_config(args)
+    from hvdtrack.distributed.workers import make_workers
+    from hvdtrack.train.optimizer import Schedule, scaled_learning_rate
+    from hvdtrack.train.state import TrainState
+    from hvdtrack.train.step import TrainStep
+    from hvdtrack.train.trainer import make_stage_devices_for
+
+    tc = config.train
+    devices = make_stage_devices_for(config)
+    workers = make_workers(config.distributed)
+    peak = scaled_learning_rate(tc.learning_rate, workers.num_replicas, tc.lr_scaling)
+    schedule = Schedule(peak=peak, warmup_steps=0, total_steps=1, decay="none")
+    step = TrainStep(config, workers, TrainState(config, workers, schedule), devices)
+    step.compile()
+    return step
+
+
+def step_fn(trainer, graphs, labels) -> Callable[[], object]:
+    """One training step of ``trainer`` (a ``TrainStep``) on the same graph per call."""
+    batches = itertools.repeat([(graphs, labels)])
+    return lambda: trainer.run(batches)
+
+
+def synthetic_graph(num_nodes: int, num_edges: int, seed: int = 0):
+    """A random one-graph ``GraphsTuple`` (features N(0, 1), endpoints uniform) and 0/1 labels.
+
+    Edges are in the order graph construction gives them (``build_hit_graph``): by sender, then
+    receiver; the sender-side gathers and segment sums see sorted indices, as in training.
+
+    Returns:
+      (graphs, labels): nodes float32 [N, 3], edges float32 [E, 4], senders / receivers int32
+      [E], globals zeros [1, 1]; labels float32 [E] (1 where the first edge feature is > 0).
+    """
+    import tensorflow as tf
+    from graph_nets import utils_tf
+
+    rng = np.random.default_rng(seed)
+    edges = rng.standard_normal((num_edges, NUM_EDGE_FEATURES), dtype=np.float32)
+    senders, receivers = rng.integers(0, num_nodes, (2, num_edges), dtype=np.int32)
+    order = np.argsort(senders.astype(np.int64) * num_nodes + receivers, kind="stable")
+    graph = dict(
+        nodes=rng.standard_normal((num_nodes, NUM_NODE_FEATURES), dtype=np.float32),
+        edges=edges,
+        senders=senders[order],
+        receivers=receivers[order],
+        globals=np.zeros(1, np.float32),
+    )
+    graphs = utils_tf.data_dicts_to_graphs_tuple([graph])
+    return graphs, tf.constant((edges[:, 0] > 0).astype(np.float32))
+
+
+def write_figures(path: Optional[str], data: dict) -> None:
+    """Writes ``data`` (a bench's figures) as JSON to ``path`` atomically; nothing when None."""
+    if path:
+        from hvdtrack.utils.io import write_json
+
+        write_json(path, data)
+        print(f"figures written to {path}")
