@@ -26,6 +26,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from typing import Optional, Sequence
 
@@ -217,7 +218,7 @@ def memory_per_edge_png(series: dict[str, Sequence[dict]], title: str) -> bytes:
                 x, y = zip(*points)
                 ax.plot(x, y, style, color=colours.get(mode), marker="o", label=f"{mode}: {what}")
     ax.set(xscale="log", xlabel="edges of the graph", ylabel="KiB per edge", ylim=(0, None))
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(title, 90), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     buffer = io.BytesIO()
