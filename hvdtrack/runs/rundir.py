@@ -224,7 +224,10 @@ def _check_contents(run_dir: Path, dataset_dir: Path) -> None:
     if not run_dir.is_dir():
         return
     present = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith("."))
-    if present and not any(name in present for name in RUN_MARKERS):
+    # A lock file is hvdtrack's: a writer holds it (the lock refuses, naming it) or left it.
+    # Its writer may be between creating and removing its probes (``best`` alone, say).
+    locked = (run_dir / LOCK_NAME).exists()
+    if present and not locked and not any(name in present for name in RUN_MARKERS):
         shown = ", ".join(present[:5]) + (
             f" and {len(present) - 5} more" if len(present) > 5 else ""
         )

@@ -16,6 +16,7 @@ import pytest
 from hvdtrack.errors import ConfigError
 from hvdtrack.records.manifest import Manifest
 from hvdtrack.runs import rundir
+from hvdtrack.utils.lock import DirectoryBusy, DirectoryLock
 from tests.launch import REPO, tiny_training
 
 
@@ -103,3 +104,14 @@ def test_a_run_directory_that_is_a_dataset_or_holds_other_files_is_refused(tiny_
     lock = rundir.claim(tmp_path / "new", tiny_dataset, 0)  # a new one is fine
     lock.release()
     assert list((tmp_path / "new").iterdir()) == []
+
+
+def test_a_writer_between_its_probes_is_named_not_taken_for_other_files(tiny_dataset, tmp_path):
+    """The first writer holds the lock while its probe folder (``best``) exists alone: a second
+    claim is refused as busy, naming the holder, not as a folder of foreign files."""
+    run_dir = tmp_path / "run"
+    (run_dir / "best").mkdir(parents=True)
+    with DirectoryLock(run_dir / rundir.LOCK_NAME, run_dir, "train.run_dir"):
+        with pytest.raises(DirectoryBusy, match=rf"{run_dir} is being written by pid "):
+            rundir.claim(run_dir, tiny_dataset, 0)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["best"]
