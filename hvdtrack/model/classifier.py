@@ -38,7 +38,7 @@ from graph_nets.graphs import GraphsTuple
 
 from hvdtrack.model.config import ACTIVATION_NAMES, ModelConfig
 from hvdtrack.model.norm import LayerNorm
-from hvdtrack.model.recompute import StepParts, recomputed_rows, recomputed_step
+from hvdtrack.model.recompute import StepParts, recomputed_rows, recomputed_steps
 from hvdtrack.model.segments import gather_rows, segment_sum
 
 ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
@@ -283,17 +283,18 @@ class SegmentClassifier(snt.Module):
         parts = StepParts(*map(compute_dtype, (node_terms, edge_rows, head_rows, node_rows)))
         nodes, edges = encoded_nodes, encoded_edges
         shared = (encoded_nodes, encoded_edges, *invariant)
+        steps, every = config.num_message_passing_steps, config.boundary_every
         outputs = []
-        for step in range(config.num_message_passing_steps):
-            last = step == config.num_message_passing_steps - 1
-            output = config.output_every_step or last
-            run = recomputed_step(
-                parts, graphs.senders, graphs.receivers, config.chunk_edges, output, last,
-                config.offload,
+        for first in range(0, steps, every):
+            group = range(first, min(first + every, steps))
+            wanted = [config.output_every_step or step == steps - 1 for step in group]
+            run = recomputed_steps(
+                parts, graphs.senders, graphs.receivers, config.chunk_edges, wanted,
+                last=group[-1] == steps - 1, offload=config.offload,
             )  # fmt: skip
-            nodes, edges, logits, *shared = run(nodes, edges, *shared)
-            if output:
-                outputs.append(logits)
+            nodes, edges, *rest = run(nodes, edges, *shared)
+            logits, shared = rest[: len(group)], rest[len(group) :]
+            outputs += [x for x, want in zip(logits, wanted) if want]
         return outputs
 
 

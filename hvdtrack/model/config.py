@@ -48,6 +48,9 @@ class ModelConfig:
         forward pass.
       chunk_edges: with ``recompute``, edges per chunk of the recomputed edge MLPs (forward
         and backward): the working memory of a step beyond its boundaries.
+      boundary_every: with ``recompute``, keep the boundaries of every this many steps
+        (1: every step's); the backward pass computes the boundaries in between again (one
+        more edge pass per step that was not kept) for about 1/boundary_every of their memory.
       offload: with ``recompute``, keep the step boundaries in host memory between the forward
         and the backward pass (a GPU's memory then holds one step); on a CPU host memory is
         where they are, and this changes nothing.
@@ -73,6 +76,7 @@ class ModelConfig:
     factorized_edge_update: bool = False
     recompute: bool = False
     chunk_edges: int = 16384
+    boundary_every: int = 1
     offload: bool = False
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
 
@@ -129,6 +133,12 @@ class ModelConfig:
             isinstance(chunk, int) and not isinstance(chunk, bool) and 1 <= chunk <= 2**30,
             "chunk_edges",
             f"must be an integer from 1 to 2**30, got {chunk!r}",
+        )
+        every = self.boundary_every
+        check(
+            isinstance(every, int) and not isinstance(every, bool) and every >= 1,
+            "boundary_every",
+            f"must be an integer >= 1, got {every!r}",
         )
         check(
             self.recompute or not self.offload,

@@ -19,10 +19,10 @@ same products, and gradients that sum over edges (weights, node rows) add the ch
 the forward pass, copied back in the backward pass): on a GPU that frees its memory of every
 step but the one running; on a CPU the copies are the tensors themselves.
 
-``recomputed_step`` and ``recomputed_rows`` take the model's parts as callables (``StepParts``),
+``recomputed_steps`` and ``recomputed_rows`` take the model's parts as callables (``StepParts``),
 so this module knows nothing of Sonnet or graph_nets.
 
-Public symbols: ``StepParts``, ``map_chunks``, ``recomputed_rows``, ``recomputed_step``.
+Public symbols: ``StepParts``, ``map_chunks``, ``recomputed_rows``, ``recomputed_steps``.
 """
 
 from __future__ import annotations
@@ -72,24 +72,44 @@ def _loop(count: tf.Tensor, body: Callable, state):
     return state
 
 
-def _array(count: tf.Tensor, like: tf.Tensor, dtype=None) -> tf.TensorArray:
-    return tf.TensorArray(
-        dtype or like.dtype, size=count, infer_shape=False, element_shape=[None, *like.shape[1:]]
-    )
+def _buffer(rows: tf.Tensor, like: tf.Tensor, after: Sequence[tf.Tensor] = ()) -> tf.Tensor:
+    """An uninitialised [rows, *like's width] tensor for ``_write`` to fill, every row of it,
+    allocated once every tensor of ``after`` exists. ``Empty`` is stateful: grappler neither
+    folds it into a constant nor shares it. Its shape is known early (grappler infers it from
+    the graph's inputs), so without ``after`` the executor would allocate every step's buffers
+    at the start of the pass."""
+    shape = tf.concat([[rows], tf.shape(like)[1:]], axis=0)
+    with tf.control_dependencies(after):
+        return tf.raw_ops.Empty(shape=shape, dtype=like.dtype, init=False)
+
+
+def _write(buffer: tf.Tensor, i, chunk: int, rows: tf.Tensor, after: Sequence, add=False):
+    """Chunk ``i``'s ``rows`` written into (``add``: added to) ``buffer`` in place, once every
+    tensor of ``after`` exists: what reads the chunk's old rows (an aliasing slice, maybe) has
+    run. The result is ``buffer`` itself; read it only through the returned tensor.
+
+    Collecting chunks in a TensorArray and concatenating them would hold the array and the
+    result at once (two [E, width] tensors instead of one)."""
+    start = i * chunk
+    index = tf.range(start, start + tf.shape(rows)[0])
+    with tf.control_dependencies([t for t in after if t is not None]):
+        op = tf.raw_ops.InplaceAdd if add else tf.raw_ops.InplaceUpdate
+        return op(x=buffer, i=index, v=rows)
 
 
 def map_chunks(fn: Callable, rows: Sequence[tf.Tensor], chunk: int) -> tuple[tf.Tensor, ...]:
     """``fn`` applied to chunks of ``chunk`` rows of ``rows`` (all [E, ...]), its outputs
-    ([rows, ...] each, given by ``fn`` as a tuple) concatenated. No gradient is recorded."""
-    count = _chunks(tf.shape(rows[0])[0], chunk)
+    ([rows, ...] each, given by ``fn`` as a tuple) written into one [E, ...] tensor each. No
+    gradient is recorded."""
+    total = tf.shape(rows[0])[0]
+    count = _chunks(total, chunk)
     probe = fn(*(r[:0] for r in rows))  # the outputs' dtypes and widths
 
-    def body(i, arrays):
+    def body(i, buffers):
         outputs = fn(*(r[i * chunk : (i + 1) * chunk] for r in rows))
-        return [a.write(i, y) for a, y in zip(arrays, outputs)]
+        return [_write(b, i, chunk, y, outputs) for b, y in zip(buffers, outputs)]
 
-    arrays = _loop(count, body, [_array(count, p) for p in probe])
-    return tuple(a.concat() for a in arrays)
+    return tuple(_loop(count, body, [_buffer(total, p, rows) for p in probe]))
 
 
 def recomputed_rows(fn: Callable[[tf.Tensor], tf.Tensor], rows: tf.Tensor, chunk: int):
@@ -114,157 +134,223 @@ def recomputed_rows(fn: Callable[[tf.Tensor], tf.Tensor], rows: tf.Tensor, chunk
                 g = tape.gradient(
                     y, [part, *variables], upstream[i * chunk : (i + 1) * chunk], ZERO
                 )
-                return grads.write(i, g[0]), [w + d for w, d in zip(weights, g[1:])]
+                return _write(grads, i, chunk, g[0], g), [w + d for w, d in zip(weights, g[1:])]
 
-            count = _chunks(tf.shape(rows)[0], chunk)
-            state = (_array(count, rows), [tf.zeros_like(v) for v in variables])
-            grads, weights = _loop(count, body, state)
-            return (grads.concat(), weights) if variables else grads.concat()
+            total = tf.shape(rows)[0]
+            state = (_buffer(total, rows), [tf.zeros_like(v) for v in variables])
+            grads, weights = _loop(_chunks(total, chunk), body, state)
+            return (grads, weights) if variables else grads
 
         return out, grad
 
     return apply(rows)
 
 
-def recomputed_step(
+@dataclasses.dataclass(frozen=True)
+class _Edges:
+    """What every step of one graph shares: the model's parts, the endpoints and the chunk."""
+
+    parts: StepParts
+    senders: tf.Tensor
+    receivers: tf.Tensor
+    chunk: int
+
+    def rows(self, i, *tensors: tf.Tensor) -> list[tf.Tensor]:
+        return [t[i * self.chunk : (i + 1) * self.chunk] for t in tensors]
+
+
+def recomputed_steps(
     parts: StepParts,
     senders: tf.Tensor,
     receivers: tf.Tensor,
     chunk: int,
-    output: bool,
+    outputs: Sequence[bool],
     last: bool = False,
     offload: bool = False,
 ):
-    """One message-passing step that keeps only its boundaries for the backward pass.
+    """``len(outputs)`` message-passing steps that keep only their boundaries for the backward
+    pass: the first step's input latents, and the last step's output edge latents.
+
+    With one step per call every step's boundaries are kept; with k, the backward pass first
+    computes the k - 1 inner boundaries again (k - 1 more edge passes), for 1/k of the memory.
 
     Args:
       parts: the model's step (``StepParts``).
       senders, receivers: int32 [E], the edges' endpoints.
       chunk: edges per chunk.
-      output: the step computes its logits.
-      last: no step follows: the new node latents are not computed (nothing reads them) and
-        the new edge latents are not kept (its backward pass computes them again per chunk).
+      outputs: per step, whether it computes its logits.
+      last: no step follows: the last step's new node latents are not computed (nothing reads
+        them) and its new edge latents are not kept (its backward pass computes them again
+        per chunk); the new latents and the passed-on inputs must have no consumer (their
+        gradients are taken as zeros).
       offload: keep the boundaries in host memory between the passes.
 
-    Returns:
-      step(x, e, xe, ee, *invariant) -> (x', e', logits, xe, ee, *invariant): the new node
-      latents (``last``: x itself), the new edge latents, the step's logits [E] (``output``;
-      else [0]) and the shared inputs passed on. The next step takes those: their gradients
-      then arrive summed over the later steps, one tensor each instead of one per step.
-    """
+    The backward pass writes a step's outgoing edge gradients into the incoming ones' buffers
+    (the next step's, which nothing else reads), so a step holds one of each.
 
-    def rows_of(i, *tensors):
-        return [t[i * chunk : (i + 1) * chunk] for t in tensors]
+    Returns:
+      steps(x, e, xe, ee, *invariant) -> (x', e', *logits, xe, ee, *invariant): the new node
+      latents (``last``: the last step's input), the new edge latents, each step's logits
+      [E] (a step without output: [0]) and the shared inputs passed on. The next call takes
+      those: their gradients then arrive summed over the later steps, one tensor each.
+    """
+    graph, count = _Edges(parts, senders, receivers, chunk), len(outputs)
+    finals = [last and j == count - 1 for j in range(count)]
 
     @tf.custom_gradient
-    def step(x, e, xe, ee, *invariant):
-        num_nodes = tf.shape(x)[0]
-        r, s = parts.node_terms(x, xe, invariant)
-
-        def edge_chunk(e_c, ee_c, recv_c, send_c):
-            new = parts.edge_rows(e_c, ee_c, tf.gather(r, recv_c), tf.gather(s, send_c))
-            return (new, parts.head_rows(new)) if output else (new,)
-
-        new_edges, *logits = map_chunks(edge_chunk, [e, ee, receivers, senders], chunk)
-        if last:
-            new_nodes = tf.identity(x)
-        else:
-            received = segment_sum(new_edges, receivers, num_nodes)
-            sent = segment_sum(new_edges, senders, num_nodes)
-            new_nodes = parts.node_rows(received, sent, x, xe)
-        logits = logits[0] if output else tf.zeros([0], new_edges.dtype)
-        device = x.device
-        kept = [_to_host(t) if offload else t for t in (x, e, *(() if last else (new_edges,)))]
+    def steps(x, e, xe, ee, *invariant):
+        device, first = x.device, (x, e)
+        logits = []
+        for output, final in zip(outputs, finals):
+            new_nodes, e, step_logits = _forward(graph, x, e, xe, ee, invariant, output, final)
+            x = tf.identity(x) if final else new_nodes
+            logits.append(step_logits)
+        kept = [*first, *(() if last else (e,))]
+        kept = [_to_host(t) if offload else t for t in kept]
 
         def grad(*upstream, variables=None):
-            # Nothing is recomputed before the gradients of the step's outputs arrive: ops that
-            # need only the kept boundaries would otherwise run as soon as they could, for
-            # every step at once at the start of the backward pass.
-            with tf.control_dependencies([g for g in upstream if g is not None]):
-                return backward(*upstream, variables=list(variables or ()))
+            g_nodes, g_edges, *rest = upstream
+            g_logits, (g_xe, g_ee, *g_invariant) = rest[:count], rest[count:]
+            if last:
+                # No step follows: nothing reads the new latents or the passed-on inputs, and
+                # the tape's gradients of them are zeros, which may be shared (eager mode caches
+                # zeros by shape): never read nor written in place. Fresh buffers instead. Only
+                # the logits' gradients are waited for (the zeros would be made for nothing).
+                g_nodes = g_edges = g_xe = g_ee = None
+                g_invariant = [None] * len(g_invariant)
+            # Nothing is recomputed before the gradients of the outputs arrive: ops that need
+            # only the kept boundaries would otherwise run as soon as they could, for every
+            # step at once at the start of the backward pass.
+            waits = g_logits if last else upstream
+            with tf.control_dependencies([g for g in waits if g is not None]):
+                return backward(
+                    [g_nodes, g_edges, g_xe, g_ee, *g_invariant], g_logits, list(variables or ())
+                )
 
-        def backward(g_nodes, g_edges, g_logits, g_xe_later, g_ee, *g_invariant, variables):
-            x, e, *new_edges = [_to_device(t, device) if offload else t for t in kept]
-            # Tensors of their own (the first step's x is xe): a tape's gradient with respect to
-            # one tensor listed twice would give each entry both uses.
-            x, own_xe = tf.identity(x), tf.identity(xe)
-            if g_logits is None:
-                g_logits = tf.zeros_like(logits)
-            g_x, g_xe = tf.zeros_like(x), _or_zeros(g_xe_later, own_xe)
+        def backward(g_inputs, g_logits, variables):
+            x, e, *e_out = [_to_device(t, device) if offload else t for t in kept]
+            boundaries = [(x, e)]
+            for _ in range(count - 1):  # the inner boundaries, again
+                x, e, _ = _forward(graph, x, e, xe, ee, invariant, False, False)
+                boundaries.append((x, e))
+            new_edges = [e for _, e in boundaries[1:]] + (e_out or [None])
             g_vars = [tf.zeros_like(v) for v in variables]
-            g_received = g_sent = None
-            if not last and g_nodes is not None:
-                # The node part, node-wise: the gradients of its sums and inputs.
-                (new_edges,) = new_edges
-                received = segment_sum(new_edges, receivers, num_nodes)
-                sent = segment_sum(new_edges, senders, num_nodes)
-                with tf.GradientTape() as tape:
-                    tape.watch([received, sent, x, own_xe])
-                    new_nodes = parts.node_rows(received, sent, x, own_xe)
-                sources = [received, sent, x, own_xe, *variables]
-                g_received, g_sent, g_x, g_xe_own, *g_vars = tape.gradient(
-                    new_nodes, sources, g_nodes, ZERO
-                )
-                g_xe += g_xe_own
-            # The node terms the edge rows gather: their gradients are summed over the chunks.
-            with tf.GradientTape() as terms_tape:
-                terms_tape.watch([x, own_xe, *invariant])
-                r, s = parts.node_terms(x, own_xe, invariant)
-
-            def body(i, state):
-                g_r, g_s, g_vars, g_e_parts, g_ee_parts = state
-                e_c, ee_c, recv_c, send_c = rows_of(i, e, ee, receivers, senders)
-                # The last step's outputs have no gradient from later steps (None): zeros of a
-                # chunk, not of every edge.
-                g_new = tf.zeros_like(e_c) if g_edges is None else rows_of(i, g_edges)[0]
-                g_ee_c = tf.zeros_like(ee_c) if g_ee is None else rows_of(i, g_ee)[0]
-                if g_received is not None:
-                    g_new += tf.gather(g_received, recv_c) + tf.gather(g_sent, send_c)
-                with tf.GradientTape() as tape:
-                    r_c, s_c = tf.gather(r, recv_c), tf.gather(s, send_c)
-                    tape.watch([e_c, ee_c, r_c, s_c])
-                    new = parts.edge_rows(e_c, ee_c, r_c, s_c)
-                    targets, upstream = [new], [g_new]
-                    if output:
-                        targets.append(parts.head_rows(new))
-                        upstream.append(rows_of(i, g_logits)[0])
-                g_e_c, g_ee_own, g_r_c, g_s_c, *g_w = tape.gradient(
-                    targets, [e_c, ee_c, r_c, s_c, *variables], upstream, ZERO
-                )
-                return (
-                    g_r + segment_sum(g_r_c, recv_c, num_nodes),
-                    g_s + segment_sum(g_s_c, send_c, num_nodes),
-                    [a + b for a, b in zip(g_vars, g_w)],
-                    g_e_parts.write(i, g_e_c),
-                    g_ee_parts.write(i, g_ee_c + g_ee_own),
-                )
-
-            count = _chunks(tf.shape(e)[0], chunk)
-            state = (
-                tf.zeros_like(r),
-                tf.zeros_like(s),
-                g_vars,
-                _array(count, e),
-                _array(count, ee),
-            )
-            g_r, g_s, g_vars, g_e_parts, g_ee_parts = _loop(count, body, state)
-            terms = terms_tape.gradient(
-                [r, s], [x, own_xe, *invariant, *variables], [g_r, g_s], ZERO
-            )
-            g_inputs = [
-                g_x + terms[0],
-                g_e_parts.concat(),
-                g_xe + terms[1],
-                g_ee_parts.concat(),
-                *(_or_zeros(g, t) + d for g, t, d in zip(g_invariant, invariant, terms[2:])),
-            ]
-            g_vars = [a + b for a, b in zip(g_vars, terms[2 + len(invariant) :])]
+            for j in reversed(range(count)):
+                (x, e), step = boundaries[j], (outputs[j], finals[j])
+                g_inputs, g_step = _backward(
+                    graph, x, e, new_edges[j], xe, ee, invariant, variables, step,
+                    g_inputs, g_logits[j],
+                )  # fmt: skip
+                g_vars = [a + b for a, b in zip(g_vars, g_step)]
             return (g_inputs, g_vars) if variables else g_inputs
 
         shared = [tf.identity(t) for t in (xe, ee, *invariant)]
-        return (new_nodes, new_edges, logits, *shared), grad
+        return (x, e, *logits, *shared), grad
 
-    return step
+    return steps
+
+
+def _forward(graph: _Edges, x, e, xe, ee, invariant, output: bool, final: bool):
+    """One step, edges in chunks: (new node latents (None when ``final``), new edge latents,
+    logits [E] (``output``; else [0]))."""
+    parts, receivers, senders = graph.parts, graph.receivers, graph.senders
+    r, s = parts.node_terms(x, xe, invariant)
+
+    def edge_chunk(e_c, ee_c, recv_c, send_c):
+        new = parts.edge_rows(e_c, ee_c, tf.gather(r, recv_c), tf.gather(s, send_c))
+        return (new, parts.head_rows(new)) if output else (new,)
+
+    new_edges, *logits = map_chunks(edge_chunk, [e, ee, receivers, senders], graph.chunk)
+    new_nodes = None
+    if not final:
+        num_nodes = tf.shape(x)[0]
+        received = segment_sum(new_edges, receivers, num_nodes)
+        sent = segment_sum(new_edges, senders, num_nodes)
+        new_nodes = parts.node_rows(received, sent, x, xe)
+    return new_nodes, new_edges, logits[0] if output else tf.zeros([0], new_edges.dtype)
+
+
+def _backward(graph: _Edges, x, e, new_edges, xe, ee, invariant, variables, step, g_in, g_logits):
+    """The gradients of one step from its boundaries (x, e and, unless it is the final step,
+    its ``new_edges``) and those of its outputs ``g_in`` = [new nodes, new edges, xe, ee,
+    *invariant], each None for none (the shared inputs' are sums over the later steps).
+    Returns ([x, e, xe, ee, *invariant] gradients, variable gradients)."""
+    output, final = step
+    g_nodes, g_edges, g_xe_later, g_ee, *g_invariant = g_in
+    parts, receivers, senders, chunk = graph.parts, graph.receivers, graph.senders, graph.chunk
+    num_nodes = tf.shape(x)[0]
+    # Tensors of their own (the first step's x is xe): a tape's gradient with respect to one
+    # tensor listed twice would give each entry both uses.
+    x, own_xe = tf.identity(x), tf.identity(xe)
+    if g_logits is None:
+        g_logits = tf.zeros([tf.shape(e)[0] if output else 0], e.dtype)
+    g_x, g_xe = tf.zeros_like(x), _or_zeros(g_xe_later, own_xe)
+    g_vars = [tf.zeros_like(v) for v in variables]
+    g_received = g_sent = None
+    if not final and g_nodes is not None:
+        # The node part, node-wise: the gradients of its sums and inputs.
+        received = segment_sum(new_edges, receivers, num_nodes)
+        sent = segment_sum(new_edges, senders, num_nodes)
+        with tf.GradientTape() as tape:
+            tape.watch([received, sent, x, own_xe])
+            new_nodes = parts.node_rows(received, sent, x, own_xe)
+        sources = [received, sent, x, own_xe, *variables]
+        g_received, g_sent, g_x, g_xe_own, *g_vars = tape.gradient(
+            new_nodes, sources, g_nodes, ZERO
+        )
+        g_xe += g_xe_own
+    # The node terms the edge rows gather: their gradients are summed over the chunks.
+    with tf.GradientTape() as terms_tape:
+        terms_tape.watch([x, own_xe, *invariant])
+        r, s = parts.node_terms(x, own_xe, invariant)
+
+    def body(i, state):
+        g_r, g_s, g_vars, g_e_out, g_ee_out = state
+        e_c, ee_c, recv_c, send_c = graph.rows(i, e, ee, receivers, senders)
+        # Without a gradient from later steps (None): zeros of a chunk, not of every edge.
+        # Else the incoming gradient's rows, which the outgoing one then replaces in the same
+        # buffer (``_write``).
+        g_new = tf.zeros_like(e_c) if g_edges is None else graph.rows(i, g_e_out)[0]
+        if g_received is not None:
+            g_new += tf.gather(g_received, recv_c) + tf.gather(g_sent, send_c)
+        with tf.GradientTape() as tape:
+            r_c, s_c = tf.gather(r, recv_c), tf.gather(s, send_c)
+            tape.watch([e_c, ee_c, r_c, s_c])
+            new = parts.edge_rows(e_c, ee_c, r_c, s_c)
+            targets, upstream = [new], [g_new]
+            if output:
+                targets.append(parts.head_rows(new))
+                upstream.append(graph.rows(i, g_logits)[0])
+        grads = tape.gradient(targets, [e_c, ee_c, r_c, s_c, *variables], upstream, ZERO)
+        g_e_c, g_ee_own, g_r_c, g_s_c, *g_w = grads
+        return (
+            g_r + segment_sum(g_r_c, recv_c, num_nodes),
+            g_s + segment_sum(g_s_c, send_c, num_nodes),
+            [a + b for a, b in zip(g_vars, g_w)],
+            _write(g_e_out, i, chunk, g_e_c, grads),
+            _write(g_ee_out, i, chunk, g_ee_own, grads, add=g_ee is not None),
+        )
+
+    # The outgoing edge gradients overwrite (g_e) or add to (g_ee) the incoming ones in place:
+    # a step's backward pass holds one [E, L_e] tensor of each, not three.
+    total = tf.shape(e)[0]
+    state = (
+        tf.zeros_like(r),
+        tf.zeros_like(s),
+        g_vars,
+        _buffer(total, e) if g_edges is None else g_edges,
+        _buffer(total, ee) if g_ee is None else g_ee,
+    )
+    g_r, g_s, g_vars, g_e_out, g_ee_out = _loop(_chunks(total, chunk), body, state)
+    terms = terms_tape.gradient([r, s], [x, own_xe, *invariant, *variables], [g_r, g_s], ZERO)
+    g_inputs = [
+        g_x + terms[0],
+        g_e_out,
+        g_xe + terms[1],
+        g_ee_out,
+        *(_or_zeros(g, t) + d for g, t, d in zip(g_invariant, invariant, terms[2:])),
+    ]
+    return g_inputs, [a + b for a, b in zip(g_vars, terms[2 + len(invariant) :])]
 
 
 def _or_zeros(gradient: Optional[tf.Tensor], like: tf.Tensor) -> tf.Tensor:

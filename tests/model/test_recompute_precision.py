@@ -27,18 +27,22 @@ def loss_and_gradients(model, graphs, labels, compiled):
 
 
 @pytest.mark.parametrize(
-    "compiled, factorized, every_step, chunk, offload",
-    [(False, False, True, 16384, False), (False, True, True, 16384, False),
-     (True, False, True, 16384, False), (True, True, True, 16384, False),
-     (False, True, False, 16384, False),
+    "compiled, factorized, every_step, chunk, offload, every",
+    [(False, False, True, 16384, False, 1), (False, True, True, 16384, False, 1),
+     (True, False, True, 16384, False, 1), (True, True, True, 16384, False, 1),
+     (False, True, False, 16384, False, 1),
      # 7 edges in chunks of 3 (3 + 3 + 1) and of 1: the chunks' parts add up to the whole.
-     (False, True, True, 3, False), (True, True, True, 3, False), (True, False, True, 1, False),
-     (True, True, False, 2, False),
+     (False, True, True, 3, False, 1), (True, True, True, 3, False, 1),
+     (True, False, True, 1, False, 1), (True, True, False, 2, False, 1),
      # Offload: boundaries kept on /CPU:0 between the passes (here where they are anyway).
-     (True, True, True, 3, True), (False, False, True, 2, True)],
+     (True, True, True, 3, True, 1), (False, False, True, 2, True, 1),
+     # Boundaries of every 2nd step of 3 (groups of 2 and 1) and of every 3rd (one group):
+     # the inner boundaries computed again give the same gradients.
+     (False, True, True, 3, False, 2), (True, True, True, 3, False, 2),
+     (True, False, False, 2, False, 3), (False, True, True, 16384, True, 3)],
 )  # fmt: skip
 def test_recomputed_gradients_equal_plain_ones(
-    graphs, compiled, factorized, every_step, chunk, offload
+    graphs, compiled, factorized, every_step, chunk, offload, every
 ):
     config = dataclasses.replace(
         TINY, layer_norm=True, factorized_edge_update=factorized, output_every_step=every_step
@@ -46,7 +50,9 @@ def test_recomputed_gradients_equal_plain_ones(
     labels = tf.constant([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
     plain = SegmentClassifier(config)
     recomputed = SegmentClassifier(
-        dataclasses.replace(config, recompute=True, chunk_edges=chunk, offload=offload)
+        dataclasses.replace(
+            config, recompute=True, chunk_edges=chunk, offload=offload, boundary_every=every
+        )
     )
     plain(graphs), recomputed(graphs)
     copy_weights(plain, recomputed)
@@ -94,6 +100,7 @@ def test_bfloat16_keeps_float32_variables_and_logits_close_to_float32(graphs):
         (dict(offload=True), "'model.offload' needs model.recompute=true"),
         (dict(recompute=True, chunk_edges=0), "'model.chunk_edges' must be an integer from 1"),
         (dict(chunk_edges=True), "'model.chunk_edges' must be an integer"),
+        (dict(boundary_every=0), "'model.boundary_every' must be an integer >= 1, got 0"),
     ],
 )
 def test_bad_switches_are_rejected_naming_the_key(changes, message):
