@@ -260,11 +260,13 @@ class SegmentClassifier(snt.Module):
         encoded_edges = recomputed_rows(
             compute_dtype(self._edge_encoder.rows), graphs.edges, config.chunk_edges
         )
-        invariant = self._edge_update.node_invariant(encoded_nodes) if factorized else ()
+        # No step-invariant node terms ([N, 128] twice, and their gradients): each step computes
+        # them again from the encoded nodes ([N, 64]), two node-wise products.
+        invariant = ()
 
         def node_terms(x, xe, invariant):
             if factorized:
-                return self._edge_update.node_terms(x, invariant)
+                return self._edge_update.node_terms(x, self._edge_update.node_invariant(xe))
             core = tf.concat([xe, x], axis=-1)
             return core, core
 
