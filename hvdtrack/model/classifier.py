@@ -260,11 +260,10 @@ class SegmentClassifier(snt.Module):
         encoded_edges = recomputed_rows(
             compute_dtype(self._edge_encoder.rows), graphs.edges, config.chunk_edges
         )
-        # No step-invariant node terms ([N, 128] twice, and their gradients): each step computes
-        # them again from the encoded nodes ([N, 64]), two node-wise products.
-        invariant = ()
+        # No step-invariant node terms passed through the steps ([N, 128] twice, and their
+        # gradients): each step computes them again from the encoded nodes ([N, 64]).
 
-        def node_terms(x, xe, invariant):
+        def node_terms(x, xe, _invariant):
             if factorized:
                 return self._edge_update.node_terms(x, self._edge_update.node_invariant(xe))
             core = tf.concat([xe, x], axis=-1)
@@ -284,7 +283,7 @@ class SegmentClassifier(snt.Module):
 
         parts = StepParts(*map(compute_dtype, (node_terms, edge_rows, head_rows, node_rows)))
         nodes, edges = encoded_nodes, encoded_edges
-        shared = (encoded_nodes, encoded_edges, *invariant)
+        shared = (encoded_nodes, encoded_edges)
         steps, every = config.num_message_passing_steps, config.boundary_every
         outputs = []
         for first in range(0, steps, every):
