@@ -242,7 +242,6 @@ class SegmentClassifier(snt.Module):
         (``hvdtrack.model.recompute``): the same function, the same gradients."""
         config = self._config
         factorized = config.factorized_edge_update
-        encoded_nodes = self._node_encoder(graphs).nodes
         dtype = graphs.nodes.dtype
 
         def compute_dtype(fn: Callable) -> Callable:
@@ -257,8 +256,13 @@ class SegmentClassifier(snt.Module):
 
             return cast
 
-        encoded_edges = recomputed_rows(
-            compute_dtype(self._edge_encoder.rows), graphs.edges, config.chunk_edges
+        # The encoders keep only their inputs; their layers are computed again, in chunks.
+        encoded_nodes, encoded_edges = (
+            recomputed_rows(compute_dtype(block.rows), rows, config.chunk_edges)
+            for block, rows in [
+                (self._node_encoder, graphs.nodes),
+                (self._edge_encoder, graphs.edges),
+            ]
         )
         # No step-invariant node terms passed through the steps ([N, 128] twice, and their
         # gradients): each step computes them again from the encoded nodes ([N, 64]).

@@ -46,8 +46,8 @@ class ModelConfig:
         everything else again there, edges in chunks of ``chunk_edges`` (``model.recompute``):
         the same gradients, the memory of the boundaries plus one chunk, for about one more
         forward pass.
-      chunk_edges: with ``recompute``, edges per chunk of the recomputed edge MLPs (forward
-        and backward): the working memory of a step beyond its boundaries.
+      chunk_edges: with ``recompute``, rows per chunk of the recomputed MLPs (edges, and the
+        nodes' too; forward and backward): the working memory of a step beyond its boundaries.
       boundary_every: with ``recompute``, keep the boundaries of every this many steps
         (1: every step's); the backward pass computes the boundaries in between again (one
         more edge pass per step that was not kept) for about 1/boundary_every of their memory.

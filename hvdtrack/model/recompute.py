@@ -4,16 +4,16 @@ A training step of the segment classifier keeps, for its backward pass, only wha
 recomputed cheaply:
 
 - the step boundaries: each message-passing step's input node and edge latents [N, L_n] and
-  [E, L_e] (the previous step's outputs), the encoded latents and the step-invariant node
-  terms, which every step reads;
+  [E, L_e] (the previous step's outputs), and the encoded latents, which every step reads;
 - the graph's inputs and gather indices (senders, receivers), shared by every step.
 
-Everything else (the edge MLP's [E, 128] layers, the gathered sender and receiver rows, the
-layer-norm statistics, the output head, the node MLP and its sums) is computed again in the
-backward pass. Both passes run the per-edge work in chunks of ``chunk_edges`` edges (a
-``tf.while_loop`` of one chunk at a time), so the working memory beyond the boundaries is one
-chunk's, whatever the graph's size. The maths are the plain step's: the chunks are rows of the
-same products, and gradients that sum over edges (weights, node rows) add the chunks' parts.
+Everything else (the encoders' layers, the edge MLP's [E, 128] layers, the gathered sender and
+receiver rows and the node terms they come from, the layer-norm statistics, the output head,
+the node MLP and its sums) is computed again in the backward pass. Both passes run the per-edge
+and per-node work in chunks of ``chunk_edges`` rows (a ``tf.while_loop`` of one chunk at a
+time), so the working memory beyond the boundaries is one chunk's, whatever the graph's size.
+The maths are the plain step's: the chunks are rows of the same products, and gradients that
+sum over rows (weights, node rows) add the chunks' parts.
 
 ``offload`` keeps the boundaries in host memory between the passes (``/CPU:0`` copies made in
 the forward pass, copied back in the backward pass): on a GPU that frees its memory of every
@@ -266,7 +266,8 @@ def _forward(graph: _Edges, x, e, xe, ee, invariant, output: bool, final: bool):
         num_nodes = tf.shape(x)[0]
         received = segment_sum(new_edges, receivers, num_nodes)
         sent = segment_sum(new_edges, senders, num_nodes)
-        new_nodes = parts.node_rows(received, sent, x, xe)
+        rows = (received, sent, x, xe)
+        (new_nodes,) = map_chunks(lambda *r: (parts.node_rows(*r),), rows, graph.chunk)
     return new_nodes, new_edges, logits[0] if output else tf.zeros([0], new_edges.dtype)
 
 
@@ -289,14 +290,24 @@ def _backward(graph: _Edges, x, e, new_edges, xe, ee, invariant, variables, step
     g_received = g_sent = None
     if not final and g_nodes is not None:
         # The node part, node-wise: the gradients of its sums and inputs.
+        # Nodes in chunks too: one chunk's MLP layers and concatenation at a time.
         received = segment_sum(new_edges, receivers, num_nodes)
         sent = segment_sum(new_edges, senders, num_nodes)
-        with tf.GradientTape() as tape:
-            tape.watch([received, sent, x, own_xe])
-            new_nodes = parts.node_rows(received, sent, x, own_xe)
-        sources = [received, sent, x, own_xe, *variables]
-        g_received, g_sent, g_x, g_xe_own, *g_vars = tape.gradient(
-            new_nodes, sources, g_nodes, ZERO
+
+        def node_body(i, state):
+            grads, weights = state
+            rows = graph.rows(i, received, sent, x, own_xe)
+            with tf.GradientTape() as tape:
+                tape.watch(rows)
+                new_nodes = parts.node_rows(*rows)
+            g = tape.gradient(new_nodes, [*rows, *variables], graph.rows(i, g_nodes)[0], ZERO)
+            written = [_write(b, i, chunk, d, g) for b, d in zip(grads, g[:4])]
+            return written, [w + d for w, d in zip(weights, g[4:])]
+
+        inputs = (received, sent, x, own_xe)
+        state = ([_buffer(num_nodes, t, [g_nodes]) for t in inputs], g_vars)
+        (g_received, g_sent, g_x, g_xe_own), g_vars = _loop(
+            _chunks(num_nodes, chunk), node_body, state
         )
         g_xe += g_xe_own
     # The node terms the edge rows gather: their gradients are summed over the chunks.

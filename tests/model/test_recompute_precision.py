@@ -111,19 +111,29 @@ def test_bad_switches_are_rejected_naming_the_key(changes, message):
 def test_recompute_in_bfloat16_reads_the_variables_in_bfloat16_in_both_passes(graphs):
     # The backward pass runs the step again outside the forward's variable getter: it must
     # cast the variables the same way (a float32 read into bfloat16 maths fails to build).
+    tf.random.set_seed(0)  # the weights: how far bfloat16 lands from float32 depends on them
     config = dataclasses.replace(TINY, layer_norm=True, factorized_edge_update=True)
     labels = tf.constant([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
     plain = SegmentClassifier(config)
+    plain_low = SegmentClassifier(dataclasses.replace(config, precision="bfloat16"))
     low = SegmentClassifier(
         dataclasses.replace(config, precision="bfloat16", recompute=True, chunk_edges=3)
     )
-    plain(graphs), low(graphs)
-    copy_weights(plain, low)
-    _, grads_a = loss_and_gradients(plain, graphs, labels, compiled=True)
-    _, grads_b = loss_and_gradients(low, graphs, labels, compiled=True)
-    a = np.concatenate([g.numpy().ravel() for g in grads_a])
-    b = np.concatenate([g.numpy().ravel() for g in grads_b])
-    assert {g.dtype for g in grads_b} == {tf.float32}
+    plain(graphs), plain_low(graphs), low(graphs)
+    copy_weights(plain, plain_low), copy_weights(plain, low)
+
+    def flat(model):
+        _, grads = loss_and_gradients(model, graphs, labels, compiled=True)
+        assert {g.dtype for g in grads} == {tf.float32}
+        return np.concatenate([g.numpy().ravel() for g in grads])
+
+    a, b, c = flat(plain), flat(low), flat(plain_low)
     assert not np.array_equal(a, b)  # computed in bfloat16, not float32
-    # bfloat16 rounds each value to 8 significant bits: the gradient keeps its direction.
-    assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) > 0.99
+
+    def cosine(x, y):
+        return x @ y / (np.linalg.norm(x) * np.linalg.norm(y))
+
+    # bfloat16 rounds each value to 8 significant bits (and the chunks add in another order
+    # than the plain bfloat16 step): the gradient keeps its direction.
+    assert cosine(a, b) > 0.99
+    assert cosine(b, c) > 0.99
