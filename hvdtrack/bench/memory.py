@@ -10,6 +10,8 @@ later one, printed as a table headed by the model's configuration. ``--plot PATH
 size twice, as configured and with ``model.recompute`` flipped (so both "plain" and "recompute"
 appear; plain also turns ``model.offload`` off, which needs recompute), prints both tables and
 draws both in one PNG: KiB per edge (RSS growth solid, allocator peak dashed) against edges.
+With ``--breakdown`` each probe also lists the tensors held at the allocator's peak of a later
+step, by shape (``hvdtrack.bench.profile.live_at_peak``): what the figure is made of.
 ``--memory-budget`` bisects the edge count (nodes = edges / 8) for the largest graph whose step
 keeps the process's peak resident set within the budget. ``--json PATH`` keeps every figure
 (with ``--plot``: ``{"series": {"plain": {config, records}, "recompute": {...}}}``).
@@ -80,20 +82,21 @@ def probe(args: argparse.Namespace) -> int:
         tf.config.experimental.reset_memory_stats("CPU:0")
         timing = time_calls(step, 0, args.repeats)
     device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
-    print(
-        json.dumps(
-            dict(
-                nodes=args.nodes[0],
-                edges=args.edges[0],
-                rss_before=before,
-                rss_growth=first_peak - before,
-                peak_rss=max(first_peak, peak_rss_bytes()),
-                allocator_peak=device_peak_bytes(device),
-                first_step_s=first_s,
-                step_s=timing.median if timing else first_s,
-            )
-        )
+    record = dict(
+        nodes=args.nodes[0],
+        edges=args.edges[0],
+        rss_before=before,
+        rss_growth=first_peak - before,
+        peak_rss=max(first_peak, peak_rss_bytes()),
+        allocator_peak=device_peak_bytes(device),
+        first_step_s=first_s,
+        step_s=timing.median if timing else first_s,
     )
+    if args.breakdown:  # after the figures above: the profiled steps do not change them
+        from hvdtrack.bench.profile import live_at_peak
+
+        record["live_at_peak"] = live_at_peak(step)
+    print(json.dumps(record))
     return 0
 
 
@@ -109,6 +112,7 @@ def measure_memory(
     command = [sys.executable, "-m", "hvdtrack.bench", "model", "--probe", "--repeats", repeats]
     sizes = dict(nodes=num_nodes, edges=num_edges, threads=args.threads, seed=args.seed)
     command += [x for key, value in sizes.items() for x in (f"--{key}", str(value))]
+    command += ["--breakdown"] if getattr(args, "breakdown", False) else []
     command += [f"--set={s}" for s in args.overrides]
     if args.config:
         command += ["--config", args.config]
@@ -183,8 +187,21 @@ def _table(args: argparse.Namespace, model) -> list[dict]:
             f"{_mib(r['allocator_peak']):>19} {_mib(r['peak_rss']):>13} {r['step_s']:>7.2f}",
             flush=True,
         )
+        if "live_at_peak" in r:
+            _print_live(r["live_at_peak"])
         records.append(r)
     return records
+
+
+def _print_live(live: dict) -> None:
+    """``--breakdown``: the tensors held at the allocator's peak, by shape."""
+    from hvdtrack.bench.profile import shape_groups
+
+    unsplit = live["allocated"] - live["requested"]
+    print(f"{'':>19}held at the allocator's peak: {_mib(live['allocated'])} MiB in "
+          f"{len(live['tensors'])} tensors ({_mib(unsplit)} MiB given beyond the requests)")  # fmt: skip
+    for shape, count, requested, allocated in shape_groups(live["tensors"]):
+        print(f"{'':>21}{count:>4} x {shape:<16} {_mib(requested):>7} MiB ({_mib(allocated)} held)")
 
 
 def _title(name: str, model) -> str:

@@ -81,7 +81,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     add("--threads", type=int, default=1, help="intra-op threads, 0 = all cores (default: 1)")
     add("--repeats", type=int, default=5, help="timed steps per size (default: 5)")
     add("--warmup", type=int, default=2, help="untimed steps first, >= 1 (default: 2)")
-    add("--breakdown", action="store_true", help="op time by class, from the TF profiler")
+    add(
+        "--breakdown",
+        action="store_true",
+        help="op time by class (with --memory: tensors held at the peak), from the TF profiler",
+    )
     add("--memory", action="store_true", help="peak memory of a step, a fresh process per size")
     add(
         "--memory-budget",

@@ -11,6 +11,7 @@ import pytest
 
 from hvdtrack.bench import model as bench
 from hvdtrack.bench.memory import memory_per_edge_png, parse_bytes
+from hvdtrack.bench.profile import shape_groups
 from hvdtrack.utils import memory
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -45,14 +46,35 @@ def test_reset_lowers_the_peak_to_what_is_resident_now():
 @pytest.mark.slow  # a fresh TensorFlow process: ~10 s, more on a loaded machine
 def test_memory_table_measures_each_size_in_a_fresh_process(tmp_path, capsys):
     out = tmp_path / "memory.json"
-    code = bench.main(
-        ["--config", "tiny", "--memory", "--nodes", "20", "--edges", "60", "--json", str(out)]
-    )
-    assert code == 0
-    assert "peak memory of one training step" in capsys.readouterr().out
+    argv = ["--config", "tiny", "--memory", "--breakdown", "--nodes", "20", "--edges", "60"]
+    assert bench.main([*argv, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "peak memory of one training step" in printed
+    assert "held at the allocator's peak" in printed
     [record] = json.loads(out.read_text())["records"]
     assert (record["nodes"], record["edges"]) == (20, 60)
     assert record["peak_rss"] >= record["rss_before"] > 0 and record["allocator_peak"] > 0
+    # --breakdown: the tensors held at the peak of a traced step, the graph's among them
+    live = record["live_at_peak"]
+    assert live["allocated"] >= live["requested"] > 0
+    shapes = {shape for _, shape, _, _ in live["tensors"]}
+    assert any(shape.startswith("[60,") for shape in shapes), shapes
+    assert live["allocated"] == sum(t[3] for t in live["tensors"])
+
+
+def test_shape_groups_add_up_tensors_of_one_shape_largest_first():
+    tensors = [
+        ["step/a", "[8,64]", 2048, 2048],
+        ["step/b", "[8,64]", 2048, 4096],  # given a larger free block than it asked for
+        ["step/c", "[8]", 32, 32],
+        ["step/d", "[2,128]", 1024, 1024],
+    ]
+    assert shape_groups(tensors) == [
+        ("[8,64]", 2, 4096, 6144),
+        ("[2,128]", 1, 1024, 1024),
+        ("[8]", 1, 32, 32),
+    ]
+    assert shape_groups(tensors, top=1) == [("[8,64]", 2, 4096, 6144)]
 
 
 @pytest.mark.slow  # one fresh TensorFlow process
