@@ -125,25 +125,33 @@ def recomputed_rows(fn: Callable[[tf.Tensor], tf.Tensor], rows: tf.Tensor, chunk
                 return backward(upstream, list(variables or ()))
 
         def backward(upstream, variables):
-            def body(i, state):
-                grads, weights = state
-                part = rows[i * chunk : (i + 1) * chunk]
-                with tf.GradientTape() as tape:
-                    tape.watch(part)
-                    y = fn(part)
-                g = tape.gradient(
-                    y, [part, *variables], upstream[i * chunk : (i + 1) * chunk], ZERO
-                )
-                return _write(grads, i, chunk, g[0], g), [w + d for w, d in zip(weights, g[1:])]
-
-            total = tf.shape(rows)[0]
-            state = (_buffer(total, rows), [tf.zeros_like(v) for v in variables])
-            grads, weights = _loop(_chunks(total, chunk), body, state)
+            (grads,), weights = _vjp_in_chunks(fn, [rows], upstream, variables, chunk)
             return (grads, weights) if variables else grads
 
         return out, grad
 
     return apply(rows)
+
+
+def _vjp_in_chunks(fn: Callable, rows: Sequence[tf.Tensor], upstream, variables, chunk: int):
+    """The gradients of a row-wise ``fn(*rows)`` for ``upstream``, computed again one chunk of
+    ``chunk`` rows at a time: ([one per tensor of ``rows``, each written into one buffer],
+    [one per variable, summed over the chunks])."""
+    count = len(rows)
+
+    def body(i, state):
+        grads, weights = state
+        parts = [r[i * chunk : (i + 1) * chunk] for r in rows]
+        with tf.GradientTape() as tape:
+            tape.watch(parts)
+            y = fn(*parts)
+        g = tape.gradient(y, [*parts, *variables], upstream[i * chunk : (i + 1) * chunk], ZERO)
+        written = [_write(b, i, chunk, d, g) for b, d in zip(grads, g[:count])]
+        return written, [w + d for w, d in zip(weights, g[count:])]
+
+    total = tf.shape(rows[0])[0]
+    state = ([_buffer(total, r, [upstream]) for r in rows], [tf.zeros_like(v) for v in variables])
+    return _loop(_chunks(total, chunk), body, state)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,20 +302,9 @@ def _backward(graph: _Edges, x, e, new_edges, xe, ee, invariant, variables, step
         received = segment_sum(new_edges, receivers, num_nodes)
         sent = segment_sum(new_edges, senders, num_nodes)
 
-        def node_body(i, state):
-            grads, weights = state
-            rows = graph.rows(i, received, sent, x, own_xe)
-            with tf.GradientTape() as tape:
-                tape.watch(rows)
-                new_nodes = parts.node_rows(*rows)
-            g = tape.gradient(new_nodes, [*rows, *variables], graph.rows(i, g_nodes)[0], ZERO)
-            written = [_write(b, i, chunk, d, g) for b, d in zip(grads, g[:4])]
-            return written, [w + d for w, d in zip(weights, g[4:])]
-
-        inputs = (received, sent, x, own_xe)
-        state = ([_buffer(num_nodes, t, [g_nodes]) for t in inputs], g_vars)
-        (g_received, g_sent, g_x, g_xe_own), g_vars = _loop(
-            _chunks(num_nodes, chunk), node_body, state
+        inputs = [received, sent, x, own_xe]
+        (g_received, g_sent, g_x, g_xe_own), g_vars = _vjp_in_chunks(
+            parts.node_rows, inputs, g_nodes, variables, chunk
         )
         g_xe += g_xe_own
     # The node terms the edge rows gather: their gradients are summed over the chunks.
