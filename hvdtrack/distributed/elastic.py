@@ -27,7 +27,7 @@ the same thing for a restarted job). The price is that a failure loses the epoch
 Every epoch timing says how many workers ran it, and ``run.json`` lists the restarts
 (``elastic_resets``).
 
-Public symbols: ``is_elastic``, ``run``.
+Public symbols: ``is_elastic``, ``job_id``, ``run``.
 """
 
 from __future__ import annotations
@@ -49,6 +49,15 @@ log = logging.getLogger(console.LOGGER_NAME)
 def is_elastic(strategy: str) -> bool:
     """True when this Horovod worker was started by an elastic horovodrun."""
     return strategy == "horovod" and os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
+def job_id() -> str:
+    """This elastic job, the same in all its workers (its driver's rendezvous server): a
+    chief that replaces a dropped one takes over its lock (``utils.lock``). "" outside one."""
+    if os.environ.get("HOROVOD_ELASTIC") != "1":
+        return ""
+    address = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", "")
+    return f"horovod elastic {address}:{os.environ.get('HOROVOD_GLOO_RENDEZVOUS_PORT', '')}"
 
 
 def run(fit, train: Callable[[], Any]) -> Any:

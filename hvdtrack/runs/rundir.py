@@ -187,10 +187,13 @@ def _first_difference(old: dict, new: dict) -> tuple[str | None, Any, Any]:
     return None, None, None
 
 
-def claim(run_dir: Path, dataset_dir: Path, needed_bytes: int, say=None) -> DirectoryLock:
+def claim(
+    run_dir: Path, dataset_dir: Path, needed_bytes: int, say=None, job: str = "", wait_s=0.0
+) -> DirectoryLock:
     """Locks ``run_dir`` for this run's writer, after checking it can be this run's: not a
     dataset (nor inside ``dataset_dir``), not a folder of files hvdtrack did not write, writable
     where training writes, and with ``needed_bytes`` free. Release the returned lock at the end.
+    ``job`` and ``wait_s``: as ``DirectoryLock`` takes them (an elastic job's new chief).
 
     Raises:
       ConfigError: naming what is there, or the path that cannot be written and what to do.
@@ -199,8 +202,8 @@ def claim(run_dir: Path, dataset_dir: Path, needed_bytes: int, say=None) -> Dire
     _check_contents(run_dir, dataset_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        lock = DirectoryLock(run_dir / LOCK_NAME, run_dir, "train.run_dir", say)
-        lock.acquire()
+        lock = DirectoryLock(run_dir / LOCK_NAME, run_dir, "train.run_dir", say, job)
+        lock.acquire(wait_s)
     except OSError as err:
         raise ConfigError(disk_error(err, run_dir)) from None
     try:

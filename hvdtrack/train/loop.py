@@ -82,19 +82,22 @@ class _Fit:
     def run(self) -> dict[str, Any]:
         """The run, with its directory locked by the chief (the other ranks write nothing
         there) from before anything is written until the end, also on errors."""
-        lock = None
-        if self.chief:
-            lock = rundir.claim(
-                self.run_dir,
-                Path(self.t.config.data.dataset_dir),
-                runfiles.checkpoint_bytes(self.t),
-                say=log.warning,
-            )
+        self.lock = self._claim() if self.chief else None
         try:
             return self._run()
         finally:
-            if lock is not None:
-                lock.release()
+            if self.lock is not None:
+                self.lock.release()
+
+    def _claim(self, wait_s: float = 0.0):
+        return rundir.claim(
+            self.run_dir,
+            Path(self.t.config.data.dataset_dir),
+            runfiles.checkpoint_bytes(self.t),
+            say=log.warning,
+            job=elastic.job_id() if self.elastic else "",
+            wait_s=wait_s,
+        )
 
     def _run(self) -> dict[str, Any]:
         point = runfiles.check_resume(self.t, self.run_dir)  # before anything is written
@@ -191,12 +194,18 @@ class _Fit:
         return self._finish(stopped)
 
     def follow_workers(self) -> None:
-        """After an elastic restart: the trainer, the chief and its outputs follow the new
-        worker set (the old chief may be gone)."""
+        """After an elastic restart: the trainer, the chief, its lock of the run directory and
+        its outputs follow the new worker set (the old chief may be gone: its lock is taken
+        over, after waiting out the collectives' deadline of an old chief still running)."""
         self.t.resize()
         chief = self.workers.is_chief
         console.setup_logging(self.workers.rank, chief)
         if chief != self.chief:
+            if chief:
+                self.lock = self._claim(wait_s=2 * self.t.config.distributed.deadline_s + 30)
+            elif self.lock is not None:
+                self.lock, lock = None, self.lock
+                lock.release()
             self.chief = chief
             self.summaries.close()
             self.summaries = Summaries(self.t.config, self.workers, self.run_dir)

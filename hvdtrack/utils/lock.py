@@ -10,6 +10,13 @@ not prove that holder gone). Where flock is not supported at all (Lustre without
 lock file's record is the only lock: it is created exclusively, and a record of a live holder
 refuses.
 
+A lock taken for a job (``job``: an elastic Horovod job's rendezvous) may be taken over by
+another process of the same job, on any host, once its flock is free: the job's driver has
+dropped the worker that held it (its host lost, say) and the job's new chief writes on. Without
+that, the chief's lock would stay with a dead host and refuse every later run of the same
+command. ``acquire(wait_s=...)`` waits that long for a held lock to be released (a partitioned
+old chief ends at its collectives' deadline) before refusing.
+
 flock works on local filesystems, NFSv4 (the client maps it to a byte-range lock the server
 holds) and Lustre mounted with ``-o flock``. Readers take no lock.
 
@@ -46,12 +53,13 @@ class Holder:
     pid: int
     command: str
     since: str
+    job: str = ""  # the job the holder belongs to ("" outside an elastic job)
 
     @classmethod
-    def me(cls) -> Holder:
+    def me(cls, job: str = "") -> Holder:
         command = " ".join([os.path.basename(sys.executable), *sys.argv])[:500]
         when = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        return cls(socket.gethostname(), os.getpid(), command, when)
+        return cls(socket.gethostname(), os.getpid(), command, when, job)
 
     def describe(self) -> str:
         return f"pid {self.pid} on {self.host} ({self.command!r}, since {self.since})"
@@ -74,7 +82,11 @@ def read_holder(text: str) -> Holder | None:
     try:
         record = json.loads(text)
         return Holder(
-            str(record["host"]), int(record["pid"]), str(record["command"]), str(record["since"])
+            str(record["host"]),
+            int(record["pid"]),
+            str(record["command"]),
+            str(record["since"]),
+            str(record.get("job", "")),
         )
     except (ValueError, KeyError, TypeError):
         return None
@@ -92,6 +104,7 @@ class DirectoryLock:
       path: the lock file (created, and removed on release).
       directory: what the lock guards, for the messages.
       key: the setting that names ``directory``, for the message of a refused writer.
+      job: the job this writer belongs to: a free lock of the same job is taken over on any host.
 
     Raises (on entering):
       DirectoryBusy: another process holds it.
@@ -99,9 +112,14 @@ class DirectoryLock:
     """
 
     def __init__(
-        self, path: Path, directory: Path, key: str, say: Optional[Callable[[str], None]] = None
+        self,
+        path: Path,
+        directory: Path,
+        key: str,
+        say: Optional[Callable[[str], None]] = None,
+        job: str = "",
     ):
-        self.path, self.directory, self.key = Path(path), Path(directory), key
+        self.path, self.directory, self.key, self.job = Path(path), Path(directory), key, job
         self.say = say or _say
         self.fd: int | None = None
         self.flocked = False  # False where the filesystem has no flock
@@ -115,7 +133,19 @@ class DirectoryLock:
     def __exit__(self, *exc_info) -> None:
         self.release()
 
-    def acquire(self) -> None:
+    def acquire(self, wait_s: float = 0.0) -> None:
+        """Takes the lock; a lock held by another process is waited for ``wait_s`` seconds
+        (polled), then refused."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return self._acquire()
+            except DirectoryBusy:
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+
+    def _acquire(self) -> None:
         for _ in range(10):  # another process may remove the file between open and flock
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
             try:
@@ -157,14 +187,15 @@ class DirectoryLock:
             os.getpid(),
         ):
             here = previous.host == socket.gethostname()
-            # On this host a free flock proves the holder gone (its pid may be reused since).
-            if not here or not (self.flocked or previous.gone()):
+            # On this host a free flock proves the holder gone (its pid may be reused since);
+            # in one job, the job's driver dropped it (see the module's docstring).
+            ours = bool(self.job) and previous.job == self.job
+            if not ours and (not here or not (self.flocked or previous.gone())):
                 self._refuse(previous, "its lock file remains")
             self.took_over = previous
-            self.say(
-                f"{self.directory}: taking over the lock of {previous.describe()}, which is gone"
-            )
-        me = Holder.me()
+            why = "a worker this job dropped" if ours and not here else "which is gone"
+            self.say(f"{self.directory}: taking over the lock of {previous.describe()}, {why}")
+        me = Holder.me(self.job)
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, (json.dumps(dataclasses.asdict(me)) + "\n").encode(), 0)
         os.fsync(self.fd)

@@ -1,6 +1,7 @@
 """One writer per directory: a second writer is refused naming the holder, a lock left by a
 process that is gone is taken over with a message, a holder on another host is never taken over,
-and the lock file goes with its holder."""
+and the lock file goes with its holder. Within one (elastic) job, a free lock of another host is
+taken over: the job dropped that worker. A held lock can be waited for, up to a deadline."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -23,8 +25,10 @@ with DirectoryLock(Path(sys.argv[1]), Path(sys.argv[2]), "train.run_dir"):
 """
 
 
-def record(host: str, pid: int) -> str:
-    return json.dumps({"host": host, "pid": pid, "command": "python -m x", "since": "then"})
+def record(host: str, pid: int, **more) -> str:
+    return json.dumps(
+        {"host": host, "pid": pid, "command": "python -m x", "since": "then", **more}
+    )
 
 
 def gone_pid() -> int:
@@ -82,3 +86,52 @@ def test_a_lock_of_another_host_is_refused_and_kept(tmp_path):
     with pytest.raises(DirectoryBusy, match=rf"pid 4321 on elsewhere .*remove {lock_file}"):
         DirectoryLock(lock_file, tmp_path, "data.dataset_dir").acquire()
     assert json.loads(lock_file.read_text())["host"] == "elsewhere"
+
+
+def test_a_free_lock_of_another_host_in_the_same_job_is_taken_over(tmp_path):
+    lock_file = tmp_path / ".lock"
+    lock_file.write_text(record("elsewhere", 4321, job="horovod elastic 10.0.0.1:4000"))
+    said = []
+    job = "horovod elastic 10.0.0.1:4000"
+    with DirectoryLock(lock_file, tmp_path, "train.run_dir", said.append, job) as lock:
+        assert (lock.took_over.host, lock.took_over.pid) == ("elsewhere", 4321)
+        mine = json.loads(lock_file.read_text())
+        assert (mine["pid"], mine["job"]) == (os.getpid(), job)
+    assert said == [
+        f"{tmp_path}: taking over the lock of pid 4321 on elsewhere ('python -m x', since then), "
+        "a worker this job dropped"
+    ]
+    assert not lock_file.exists()
+
+
+@pytest.mark.parametrize("job", ["", "horovod elastic 10.0.0.1:4001"])
+def test_a_free_lock_of_another_host_and_another_job_is_refused(tmp_path, job):
+    lock_file = tmp_path / ".lock"
+    lock_file.write_text(record("elsewhere", 4321, job="horovod elastic 10.0.0.1:4000"))
+    with pytest.raises(DirectoryBusy, match="pid 4321 on elsewhere"):
+        DirectoryLock(lock_file, tmp_path, "train.run_dir", job=job).acquire()
+    assert json.loads(lock_file.read_text())["pid"] == 4321
+
+
+def test_a_held_lock_is_waited_for_until_released_or_the_deadline(tmp_path):
+    lock_file = tmp_path / ".hvdtrack.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(lock_file), str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(DirectoryBusy, match=f"pid {holder.pid} on "):
+            DirectoryLock(lock_file, tmp_path, "train.run_dir").acquire(wait_s=1.0)
+        # The holder ends a second later, while the next writer waits (a generous deadline).
+        threading.Timer(1.0, holder.stdin.close).start()
+        lock = DirectoryLock(lock_file, tmp_path, "train.run_dir")
+        lock.acquire(wait_s=600)
+        assert json.loads(lock_file.read_text())["pid"] == os.getpid()
+        lock.release()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert not lock_file.exists()
