@@ -26,9 +26,7 @@ with DirectoryLock(Path(sys.argv[1]), Path(sys.argv[2]), "train.run_dir"):
 
 
 def record(host: str, pid: int, **more) -> str:
-    return json.dumps(
-        {"host": host, "pid": pid, "command": "python -m x", "since": "then", **more}
-    )
+    return json.dumps({"host": host, "pid": pid, "command": "python -m x", "since": "then", **more})
 
 
 def gone_pid() -> int:
