@@ -29,6 +29,18 @@ def record(host: str, pid: int, **more) -> str:
     return json.dumps({"host": host, "pid": pid, "command": "python -m x", "since": "then", **more})
 
 
+def hold(lock_file, directory) -> subprocess.Popen:
+    """Another process holding the lock until its stdin is closed (returned once it holds it)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(lock_file), str(directory)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline() == "held\n"
+    return holder
+
+
 def gone_pid() -> int:
     """The pid of a process of this host that has ended."""
     proc = subprocess.run(
@@ -39,14 +51,8 @@ def gone_pid() -> int:
 
 def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
     lock_file = tmp_path / ".hvdtrack.lock"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(lock_file), str(tmp_path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    holder = hold(lock_file, tmp_path)
     try:
-        assert holder.stdout.readline() == "held\n"
         with pytest.raises(DirectoryBusy) as refused:
             DirectoryLock(lock_file, tmp_path, "train.run_dir").acquire()
         message = str(refused.value)
@@ -113,14 +119,8 @@ def test_a_free_lock_of_another_host_and_another_job_is_refused(tmp_path, job):
 
 def test_a_held_lock_is_waited_for_until_released_or_the_deadline(tmp_path):
     lock_file = tmp_path / ".hvdtrack.lock"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(lock_file), str(tmp_path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    holder = hold(lock_file, tmp_path)
     try:
-        assert holder.stdout.readline() == "held\n"
         with pytest.raises(DirectoryBusy, match=f"pid {holder.pid} on "):
             DirectoryLock(lock_file, tmp_path, "train.run_dir").acquire(wait_s=1.0)
         # The holder ends a second later, while the next writer waits (a generous deadline).
