@@ -371,7 +371,11 @@ class _Fit:
 
 
 def fit(trainer: Trainer) -> dict[str, Any]:
-    """Trains for ``train.epochs`` epochs (resuming if a checkpoint exists); returns run info."""
+    """Trains for ``train.epochs`` epochs (resuming if a checkpoint exists); returns run info.
+
+    The caller shuts ``trainer.workers`` down at the end, as ``train`` does, and gives the same
+    workers to any further ``Trainer`` of this process: a rank whose heartbeats run when it
+    exits counts as crashed on the others, and Horovod over MPI cannot start twice."""
     return _Fit(trainer).run()
 
 

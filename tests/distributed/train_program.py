@@ -61,7 +61,10 @@ def main() -> None:
     info_a = fit(trainer)
     losses_a = [e.train_loss for e in _epochs(out / "a")]
     weights = [float(np.abs(v.numpy()).sum()) for v in trainer.state.variables]
-    trainer_b = Trainer(config("b"))
+    # One set of workers per process, as in ``hvdtrack.train``: Horovod over MPI cannot start
+    # again after a shutdown, and a second heartbeat watchdog left running at exit would look
+    # like a crashed rank to the other ranks' watchdog.
+    trainer_b = Trainer(config("b"), trainer.workers)
     fit(trainer_b)
     losses_b = [e.train_loss for e in _epochs(out / "b")]
     # One file per rank: launchers interleave the ranks' stdout.
