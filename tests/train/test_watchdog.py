@@ -86,6 +86,20 @@ def test_ranks_that_beat_and_say_goodbye_end_nothing(make_chief):
     assert failures.messages == [] and rank1_failures.messages == []
 
 
+def test_heartbeats_keep_their_interval_both_ways(make_chief):
+    # Each end beats once per interval (DEADLINE / 10): 2 s give at most ~20 beats each way,
+    # however fast or slow the machine. Beats sent in answer to beats would be thousands.
+    dog, failures, announced = make_chief()
+    rank1 = Watchdog(1, 2, DEADLINE, lambda value: announced, Failures())
+    started = time.monotonic()
+    time.sleep(2.0)
+    (to_chief,) = [p.beats for p in dog._peers.values()]
+    (to_rank1,) = [p.beats for p in rank1._peers.values()]
+    bound = (time.monotonic() - started) / rank1.interval + 3
+    rank1.stop()
+    assert 1 <= to_rank1 <= bound and 1 <= to_chief <= bound, (to_rank1, to_chief, bound)
+
+
 def test_a_rank_notices_the_chief_is_gone(make_chief):
     dog, failures, announced = make_chief(NEVER)
     rank1_failures = Failures()
