@@ -2,21 +2,23 @@
 slice in as many processes at the same time, the way ranks run.
 
   python -m hvdtrack.bench ceiling [--config configs/default.yaml] [--processes 2]
-                                   [--nodes N --edges E] [--repeats 10]
+                                   [--nodes N --edges E] [--repeats 10] [--rounds 3]
 
 Each process is pinned to its own slice of this process's cores (``core_slice``: the slices
 Horovod ranks get with ``distributed.pin_cores``) and runs the training step of ``bench model``
 with one intra-op thread per core of its slice, on one synthetic graph of ``--nodes`` /
 ``--edges`` (default: a rank's share of a strong-scaling step, ``--graphs`` mean graphs of the
-config's prepared training split). Every process builds and warms up its step, then all start
-timing together (a barrier) and time ``--repeats`` steps. The process alone does the same with
-the rest of the machine idle.
+config's prepared training split). Every process builds and warms up its step; then, for each of
+``--rounds`` rounds, process 0 times ``--repeats`` steps alone (the others wait idle at a
+barrier) and all time ``--repeats`` steps together. Alternating the two, A B A B, keeps a machine
+whose speed drifts over minutes (a shared VM) from passing its drift off as a ceiling: each round
+gives its own ratio, and their spread shows the noise.
 
-ceiling = t_alone / t_together (median step time; t_together the slowest process's median): what
-strong-scaling efficiency t1 / (N tN) can reach on this host when the N ranks share its memory
-bandwidth and caches, with a perfect exchange and perfect balance. ``bench distributed`` states
-its efficiencies against 1 and against this ceiling, so a figure that moves between machines says
-whether the machine or hvdtrack moved it.
+ceiling = the median over rounds of t_alone / t_together (median step times; t_together the
+slowest process's median): what strong-scaling efficiency t1 / (N tN) can reach on this host
+when the N ranks share its memory bandwidth and caches, with a perfect exchange and perfect
+balance. ``bench distributed`` states its efficiencies against 1 and against this ceiling, so a
+figure that moves between machines says whether the machine or hvdtrack moved it.
 
 Public symbols: ``Ceiling``, ``measure_ceiling``, ``rank_share``, ``main``.
 """
@@ -29,6 +31,7 @@ import json
 import multiprocessing
 import os
 import queue
+import statistics
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -40,24 +43,43 @@ BARRIER_TIMEOUT_S = 600.0  # building and warming up a step; a process that neve
 
 @dataclasses.dataclass(frozen=True)
 class Ceiling:
-    """Median step seconds of one process alone and of each of N at once, and their ratio."""
+    """Median step seconds, per round, of one process alone and of each of N at once."""
 
     processes: int
     nodes: int
     edges: int
-    alone_s: float
-    together_s: list[float]  # per process, in core-slice order
+    alone_s: list[float]  # per round
+    together_s: list[list[float]]  # per round, per process in core-slice order
+
+    @classmethod
+    def from_json(cls, fields: dict) -> Ceiling:
+        """From ``ceiling.json``; one written before rounds (a number and a list) is one round."""
+        alone, together = fields["alone_s"], fields["together_s"]
+        if not isinstance(alone, list):
+            alone, together = [alone], [together]
+        return cls(fields["processes"], fields["nodes"], fields["edges"], alone, together)
+
+    @property
+    def ratios(self) -> list[float]:
+        """t_alone / t_together of each round (t_together: the slowest process)."""
+        return [a / max(t) for a, t in zip(self.alone_s, self.together_s)]
 
     @property
     def ceiling(self) -> float:
-        return self.alone_s / max(self.together_s)
+        return float(statistics.median(self.ratios))
+
+    def figures(self) -> dict:
+        return {**dataclasses.asdict(self), "ratios": self.ratios, "ceiling": self.ceiling}
 
     def describe(self) -> str:
-        together = ", ".join(f"{1e3 * t:.1f}" for t in self.together_s)
+        def ms(values):
+            return ", ".join(f"{1e3 * v:.1f}" for v in values)
+
         return (
-            f"step of {self.nodes} nodes / {self.edges} edges: alone {1e3 * self.alone_s:.1f} ms, "
-            f"{self.processes} at once {together} ms -> ceiling t_alone/t_together "
-            f"{self.ceiling:.3f}"
+            f"step of {self.nodes} nodes / {self.edges} edges, {len(self.alone_s)} rounds: "
+            f"alone {ms(self.alone_s)} ms; {self.processes} at once (slowest) "
+            f"{ms(max(t) for t in self.together_s)} ms -> t_alone/t_together "
+            f"{', '.join(f'{r:.3f}' for r in self.ratios)}; ceiling (median) {self.ceiling:.3f}"
         )
 
 
@@ -84,12 +106,14 @@ def measure_ceiling(
     repeats: int = 10,
     warmup: int = 2,
     overrides: Sequence[str] = (),
+    rounds: int = 3,
 ) -> Ceiling:
-    """Times the step alone, then ``processes`` at once (see the module docstring).
+    """Times the step alone and ``processes`` at once, ``rounds`` times in turn (see the
+    module docstring).
 
     Raises:
       HvdtrackError: fewer cores than processes, or a process that failed or did not reach
-        the start within ``BARRIER_TIMEOUT_S``.
+        a barrier within ``BARRIER_TIMEOUT_S``.
     """
     cpus = sorted(os.sched_getaffinity(0))
     if processes < 1 or len(cpus) < processes:
@@ -98,15 +122,17 @@ def measure_ceiling(
             "needs one core slice per process"
         )
     job = dict(config=config, nodes=nodes, edges=edges, repeats=repeats, warmup=warmup)
-    job["overrides"] = list(overrides)
-    (alone,) = _run_together(job, [cpus[: len(cpus) // processes]])
+    job.update(overrides=list(overrides), rounds=rounds)
     per = len(cpus) // processes
-    together = _run_together(job, [cpus[i * per : (i + 1) * per] for i in range(processes)])
+    results = _run_together(job, [cpus[i * per : (i + 1) * per] for i in range(processes)])
+    alone = results[0][0]
+    together = [[results[i][1][r] for i in range(processes)] for r in range(rounds)]
     return Ceiling(processes, nodes, edges, alone, together)
 
 
-def _run_together(job: dict, slices: list[list[int]]) -> list[float]:
-    """Median step seconds of one process per core slice, timed from one barrier."""
+def _run_together(job: dict, slices: list[list[int]]) -> list[tuple[list, list]]:
+    """Per process (one per core slice): its median step seconds alone (process 0 only) and
+    together, per round."""
     context = multiprocessing.get_context("spawn")  # a fresh TensorFlow in each
     barrier, results = context.Barrier(len(slices)), context.Queue()
     workers = [
@@ -115,18 +141,19 @@ def _run_together(job: dict, slices: list[list[int]]) -> list[float]:
     ]
     for worker in workers:
         worker.start()
-    medians: dict[int, float] = {}
+    medians: dict[int, tuple[list, list]] = {}
+    limit = 2 * BARRIER_TIMEOUT_S * (1 + 2 * job["rounds"])
     try:
         while len(medians) < len(workers):
             try:
-                index, median, error = results.get(timeout=2 * BARRIER_TIMEOUT_S)
+                index, alone, together, error = results.get(timeout=limit)
             except queue.Empty:
                 raise HvdtrackError(
-                    f"a ceiling process gave no result within {2 * BARRIER_TIMEOUT_S:g} s"
+                    f"a ceiling process gave no result within {limit:g} s"
                 ) from None
             if error:
                 raise HvdtrackError(f"ceiling process {index} failed: {error}")
-            medians[index] = median
+            medians[index] = (alone, together)
     finally:
         for worker in workers:
             worker.join(timeout=10)
@@ -137,7 +164,8 @@ def _run_together(job: dict, slices: list[list[int]]) -> list[float]:
 
 
 def _time_step(job: dict, cores: list[int], index: int, barrier, results) -> None:
-    """One process: pinned to ``cores`` before TensorFlow starts, one thread per core."""
+    """One process: pinned to ``cores`` before TensorFlow starts, one thread per core; per
+    round, times the step alone (process 0; the others wait), then with the others."""
     try:
         os.sched_setaffinity(0, cores)
         from hvdtrack.bench import model, workload
@@ -155,12 +183,17 @@ def _time_step(job: dict, cores: list[int], index: int, barrier, results) -> Non
         )
         for _ in range(job["warmup"]):
             step()
-        barrier.wait(timeout=BARRIER_TIMEOUT_S)
-        timing = workload.time_calls(step, 0, job["repeats"])
-        results.put((index, timing.median, None))
+        alone, together = [], []
+        for _ in range(job["rounds"]):
+            barrier.wait(timeout=BARRIER_TIMEOUT_S)
+            if index == 0:
+                alone.append(workload.time_calls(step, 0, job["repeats"]).median)
+            barrier.wait(timeout=BARRIER_TIMEOUT_S)
+            together.append(workload.time_calls(step, 0, job["repeats"]).median)
+        results.put((index, alone, together, None))
     except BaseException as err:  # noqa: BLE001 - reported to the parent, which raises
         _abort(barrier)
-        results.put((index, 0.0, f"{type(err).__name__}: {err}"))
+        results.put((index, [], [], f"{type(err).__name__}: {err}"))
 
 
 def _abort(barrier) -> None:
@@ -184,12 +217,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add("--edges", type=int, default=None, help="edges of the step's graph (default: --graphs)")
     add("--repeats", type=int, default=10, help="timed steps (default 10)")
     add("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    add("--rounds", type=int, default=3, help="alone / together rounds in turn (default 3)")
     add("--json", default=None, help="also write the figures here")
     args = parser.parse_args(argv)
     if (args.nodes is None) != (args.edges is None):
         parser.error("give both --nodes and --edges, or neither")
-    if args.repeats < 1 or args.warmup < 1 or args.processes < 1:
-        parser.error("--repeats, --warmup and --processes must be >= 1")
+    if min(args.repeats, args.warmup, args.processes, args.rounds) < 1:
+        parser.error("--repeats, --warmup, --processes and --rounds must be >= 1")
     return args
 
 
@@ -201,12 +235,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         config = load_config(resolve_config_path(args.config), [])
         nodes, edges = rank_share(config.data.dataset_dir, args.graphs)
-    result = measure_ceiling(args.config, args.processes, nodes, edges, args.repeats, args.warmup)
+    result = measure_ceiling(
+        args.config, args.processes, nodes, edges, args.repeats, args.warmup, rounds=args.rounds
+    )
     print(result.describe())
     if args.json:
         from hvdtrack.utils.io import write_json
 
-        write_json(args.json, {**dataclasses.asdict(result), "ceiling": result.ceiling})
+        write_json(args.json, result.figures())
     return 0
 
 

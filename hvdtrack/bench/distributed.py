@@ -22,7 +22,6 @@ figure to compare between machines.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import subprocess
 import sys
@@ -170,7 +169,7 @@ def ceiling_figures(args: argparse.Namespace) -> dict:
     if args.report_only:
         try:
             fields = json.loads(path.read_text())
-            result = Ceiling(*(fields[f.name] for f in dataclasses.fields(Ceiling)))
+            result = Ceiling.from_json(fields)
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise DataError(
                 f"{path}: no ceiling measured ({err}); run without --report-only"
@@ -179,7 +178,7 @@ def ceiling_figures(args: argparse.Namespace) -> dict:
         config = load_config(resolve_config_path(args.config), [])
         nodes, edges = rank_share(config.data.dataset_dir, args.global_batch / 2)
         result = measure_ceiling(args.config, 2, nodes, edges)
-    figures = {**dataclasses.asdict(result), "ceiling": result.ceiling}
+    figures = result.figures()
     if not args.report_only:
         write_json(path, figures)
     return figures
@@ -193,10 +192,12 @@ def efficiency_lines(figures: dict) -> list[str]:
     lines = []
     if ceiling:
         c = figures["ceiling"]
+        alone, together = c["alone_s"], c["together_s"]
         lines.append(
             f"  ceiling for 2 ranks here: a rank's step ({c['nodes']} nodes, {c['edges']} edges) "
-            f"{1e3 * c['alone_s']:.0f} ms alone, {1e3 * max(c['together_s']):.0f} ms two at once "
-            f"-> t_alone/t_together {ceiling:.3f}"
+            f"{', '.join(f'{1e3 * a:.0f}' for a in alone)} ms alone, "
+            f"{', '.join(f'{1e3 * max(t):.0f}' for t in together)} ms two at once, in turn "
+            f"-> t_alone/t_together {ceiling:.3f} (median of {len(alone)})"
         )
     for strategy, one, two in STRATEGIES:
         on_epochs = maths.efficiency("strong", epoch[one], epoch[two], 2)

@@ -32,6 +32,7 @@ def test_report_only_computes_the_figures_of_the_runs_in_out(tmp_path, capsys):
             global_batch_graphs=2,
             info={"edges_processed": 1200},
         )
+    # A ceiling.json written before rounds: one round.
     ceiling = dict(processes=2, nodes=8000, edges=22000, alone_s=0.40, together_s=[0.44, 0.45])
     (out / "ceiling.json").write_text(json.dumps(ceiling))
     args = ["--out", str(out), "--epochs", "3", "--report-only", "--json", str(tmp_path / "f.json")]
@@ -51,7 +52,7 @@ def test_report_only_computes_the_figures_of_the_runs_in_out(tmp_path, capsys):
     assert lines[3].split()[1:] == ["12.55", "1.23", "0.6150"]
     assert lines[8] == (
         "  ceiling for 2 ranks here: a rank's step (8000 nodes, 22000 edges) 400 ms alone, "
-        "450 ms two at once -> t_alone/t_together 0.889"
+        "450 ms two at once, in turn -> t_alone/t_together 0.889 (median of 1)"
     )
     assert lines[9].startswith("  horovod strong-scaling efficiency t1/(2*t2): 0.886 on epochs")
     assert lines[9].endswith("; 0.996 of the ceiling on epochs")
