@@ -29,8 +29,11 @@ mkdir -p "$docs"
 # The machine's ceiling for 2 ranks, measured by the bench above, enters the prediction.
 ceiling="$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["ceiling"])' \
     "$out/strong/ceiling.json")"
+# The weak sweep's N=1 (1 graph a step) joins the fit of the step's cost: the strong N=1's steps
+# (2 graphs) alone span too few edges to tell its fixed cost from its per-edge cost.
 "$py" -m hvdtrack.scaling predict "$out"/strong/sweep/strong-np1 "$out"/strong/sweep/strong-np2 \
-    --mode strong --ceiling "2=$ceiling" | tee "$docs/prediction-strong.txt"
+    --mode strong --ceiling "2=$ceiling" --fit-also "$out"/weak/weak-np1 \
+    | tee "$docs/prediction-strong.txt"
 cp "$out/distributed-bench.json" "$docs/distributed-bench.json"
 cp "$out/bench.txt" "$docs/distributed-bench.txt"
 echo "[study] reports in $docs"

@@ -91,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument(
         "--ranks-per-host", type=int, default=1, help="of the predicted machine (its ceiling)"
     )
+    pred.add_argument(
+        "--fit-also",
+        nargs="+",
+        default=[],
+        metavar="RUN_DIR",
+        help="more single-worker runs of the same model with another batch (a weak sweep's N=1): "
+        "their steps join the fit of the fixed and per-edge cost",
+    )
 
     energy = command("energy", "which power counters this machine exposes")
     energy.add_argument("--measure", type=float, default=0.0, metavar="S", help="meter idle time")
@@ -149,7 +157,12 @@ def _predict(args: argparse.Namespace) -> None:
     ceilings = _ceilings(args.ceiling)
     given = _given(args, "interconnect", "bandwidth_gbps", "latency_us")
     built = report.build_report(
-        args.run_dirs, args.mode, args.measured_network, given, ceilings=ceilings
+        args.run_dirs,
+        args.mode,
+        args.measured_network,
+        given,
+        ceilings=ceilings,
+        fit_also=args.fit_also,
     )
     if built.prediction is None:  # a note says why
         raise DataError(next(n for n in built.notes if n.startswith("no prediction")))

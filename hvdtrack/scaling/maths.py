@@ -331,23 +331,36 @@ def network_from_config(config: ScalingConfig) -> NetworkModel:
     )
 
 
-def baseline_inputs(run: Run) -> StepModel:
+def baseline_inputs(run: Run, also: Sequence[Run] = ()) -> StepModel:
     """The ``StepModel`` of a single-worker run, from its non-warm-up steps: least squares of
     the step without exchange (``total_s - exchange_s``) on the step's edges; gradient bytes
     from run.json (else 4 x num_params), Horovod's cycle from the recorded config
     (``distributed.horovod_cycle_time_ms``, else Horovod's default; none for other strategies)
     and fusion buffer Horovod's default (runs do not record it). The notes say what was taken
-    for what. DataError without timed steps or size information."""
-    steps = _slowest_steps(run)
-    steps = steps[~steps["warmup"]]
-    if steps.empty:
-        raise DataError(
-            f"{run.path}: no non-warm-up steps in timing.jsonl (N={run.num_workers}); run more "
-            "steps than scaling.timing_warmup_steps"
+    for what. DataError without timed steps or size information.
+
+    ``also``: more single-worker runs of the same model with other batches (a weak sweep's N=1
+    beside a strong one's), whose steps join the fit: steps of one batch size span a narrow
+    range of edges, over which the fixed cost a is not determined (its standard error is in the
+    notes); the residuals stay those of ``run``'s own steps."""
+    edges, work, exchange = _step_work(run)
+    fit_edges, fit_work = [edges], [work]
+    for other in also:
+        if other.num_workers != 1:
+            raise DataError(
+                f"{other.path}: N={other.num_workers}; only single-worker runs can join the fit "
+                "of the step's cost"
+            )
+        e, w, _ = _step_work(other)
+        fit_edges.append(e)
+        fit_work.append(w)
+    fixed, per_edge, notes = _fit_line(np.concatenate(fit_edges), np.concatenate(fit_work))
+    if also:
+        notes.insert(
+            0,
+            f"fixed and per-edge cost fitted on the steps of {len(also) + 1} single-worker runs "
+            f"({', '.join(str(r.path) for r in (run, *also))})",
         )
-    edges = steps["edges"].to_numpy(dtype=np.float64)
-    work = (steps["total_s"] - steps["exchange_s"]).to_numpy(dtype=np.float64)
-    fixed, per_edge, notes = _fit_line(edges, work)
     if run.info.get("gradient_bytes"):
         gradient_bytes = int(run.info["gradient_bytes"])
     elif run.info.get("num_params"):
@@ -376,7 +389,6 @@ def baseline_inputs(run: Run) -> StepModel:
         "(runs do not record HOROVOD_FUSION_THRESHOLD)"
     )
     residuals = tuple(work - (fixed + per_edge * edges))
-    exchange = float(steps["exchange_s"].median())
     return StepModel(fixed, per_edge, tuple(edges), residuals, gradient_bytes, cycle_s,
                      HOROVOD_FUSION_BYTES, exchange, tuple(notes))  # fmt: skip
 
@@ -386,13 +398,15 @@ def validate_against(
     mode: str,
     network: NetworkModel = PRESETS["shared-memory"],
     ceilings: Mapping[int, float] | None = None,
+    also: Sequence[Run] = (),
 ) -> list[Validation]:
     """One ``Validation`` per run with N > 1 of a sweep (by N), predicted from its N=1 run (which
     ``runs`` must hold) over ``network``, the link the measured runs used. ``ceilings``: the
     ceiling (see ``predict_scaling``) by ranks per host; a run's ranks per host is run.json's
-    ``local_size`` (1 when absent); a count not in ``ceilings`` gets 1.0."""
+    ``local_size`` (1 when absent); a count not in ``ceilings`` gets 1.0. ``also``: more
+    single-worker runs for the fit of the step's cost (``baseline_inputs``)."""
     baseline, *others = sorted(runs, key=lambda r: r.num_workers)
-    model = baseline_inputs(baseline)
+    model = baseline_inputs(baseline, also)
     t1 = float(np.median(step_times(baseline)))
     out = []
     for run in others:
@@ -410,6 +424,21 @@ def validate_against(
 
 
 # ------------------------------------------------------------------------------ internals
+def _step_work(run: Run) -> tuple[np.ndarray, np.ndarray, float]:
+    """(edges, seconds without exchange) of the run's non-warm-up steps (slowest rank), and
+    their median exchange."""
+    steps = _slowest_steps(run)
+    steps = steps[~steps["warmup"]]
+    if steps.empty:
+        raise DataError(
+            f"{run.path}: no non-warm-up steps in timing.jsonl (N={run.num_workers}); run more "
+            "steps than scaling.timing_warmup_steps"
+        )
+    edges = steps["edges"].to_numpy(dtype=np.float64)
+    work = (steps["total_s"] - steps["exchange_s"]).to_numpy(dtype=np.float64)
+    return edges, work, float(steps["exchange_s"].median())
+
+
 def _frame(records: Sequence[object], kind: type) -> pd.DataFrame:
     columns = [f.name for f in dataclasses.fields(kind)]
     return pd.DataFrame([vars(r) for r in records], columns=columns)
@@ -444,14 +473,25 @@ def _fit_line(edges: np.ndarray, work: np.ndarray) -> tuple[float, float, list[s
             "from the per-edge cost, so all compute is taken as shrinking with the batch"
         )
         return 0.0, float(work.mean() / edges.mean()), [note]
-    per_edge, fixed = np.polyfit(edges, work, 1)
+    (per_edge, fixed), cov = np.polyfit(edges, work, 1, cov="unscaled")
+    residual = work - (fixed + per_edge * edges)
+    dof = edges.size - 2
+    error = float(np.sqrt(cov[1, 1] * residual @ residual / dof)) if dof > 0 else math.inf
+    notes = []
+    if dof > 0 and error > 0.1 * work.mean():
+        notes.append(
+            f"the fixed cost a = {fixed * 1e3:.3g} ms has a standard error of {error * 1e3:.3g} "
+            f"ms over these steps' {edges.min():,.0f}-{edges.max():,.0f} edges: not determined "
+            "by them, and the prediction's fixed and compute terms trade places with it; fit "
+            "on runs of two batch sizes (scaling predict --fit-also)"
+        )
     if fixed >= 0 and per_edge >= 0:
-        return float(fixed), float(per_edge), []
-    note = (
+        return float(fixed), float(per_edge), notes
+    notes.append(
         f"the fit of step time on edges gave a = {fixed * 1e3:.3g} ms, b = {per_edge:.3g} s/edge;"
         " a negative term is noise: fitted through the origin instead (no fixed cost)"
     )
-    return 0.0, float(np.dot(edges, work) / np.dot(edges, edges)), [note]
+    return 0.0, float(np.dot(edges, work) / np.dot(edges, edges)), notes
 
 
 def _measured_straggler(run: Run) -> float:

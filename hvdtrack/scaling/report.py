@@ -73,13 +73,15 @@ def build_report(
     measured_network: str = "shared-memory",
     overrides: Optional[dict[str, Any]] = None,
     ceilings: Optional[Mapping[int, float]] = None,
+    fit_also: Sequence[Run | str | os.PathLike] = (),
 ) -> ScalingReport:
     """Checks that the runs (or run directories) belong together (see the module docstring)
     and computes the table. ``mode`` ("strong", "weak") is inferred from the batches when None;
     ``measured_network`` (a ``maths.PRESETS`` name) is the link the runs used; ``overrides``
     replace ``ScalingConfig`` fields; ``ceilings``: the contention ceiling by ranks per host
-    (``maths.validate_against``). DataError: unfinished runs, two runs of one mode and N, no
-    N=1 run at all."""
+    (``maths.validate_against``); ``fit_also``: more single-worker runs (or directories) of the
+    same model whose steps join the fit of the step's cost (``maths.baseline_inputs``).
+    DataError: unfinished runs, two runs of one mode and N, no N=1 run at all."""
     if not runs:
         raise DataError("no runs to report")
     runs = [r if isinstance(r, Run) else read_run(r) for r in runs]  # run directories read
@@ -123,8 +125,11 @@ def build_report(
     predicted = groups[training_mode(baseline)]
     if len(groups) > 1:
         notes.append(f"predictions from the '{training_mode(baseline)}' runs")
+    also = [r if isinstance(r, Run) else read_run(r) for r in fit_also]
+    for run in also:
+        _check_same_model(baseline, run)
     prediction, validation = _prediction(
-        predicted, mode, scaling, measured_network, notes, ceilings
+        predicted, mode, scaling, measured_network, notes, ceilings, also
     )
     name = str(baseline.info["config_name"])
     return ScalingReport(mode, name, table, scaling, notes, prediction, validation)
@@ -306,6 +311,17 @@ def _check_comparable(runs: Sequence[Run], groups: list[list[Run]], mode: Option
     return mode
 
 
+def _check_same_model(run: Run, other: Run) -> None:
+    """ConfigError unless ``other`` trained the same model on the same data as ``run``."""
+    for section in ("model", "data"):
+        a, b = ((r.info.get("config") or {}).get(section) for r in (run, other))
+        if a != b:
+            raise ConfigError(
+                f"--fit-also {other.path}: its '{section}' config differs from {run.path}'s; "
+                "only runs of the same model and data can join the fit of the step's cost"
+            )
+
+
 def _comparable_config(run: Run) -> dict[str, Any]:
     ignored = (*VARYING_KEYS, *MODE_KEYS)
     flat = flatten_config(run.info.get("config") or {}).items()
@@ -331,9 +347,10 @@ def _prediction(
     measured_network: str,
     notes: list[str],
     ceilings: Optional[Mapping[int, float]] = None,
+    also: Sequence[Run] = (),
 ) -> tuple[Optional[dict[str, Any]], list[maths.Validation]]:
     try:
-        model = maths.baseline_inputs(runs[0])
+        model = maths.baseline_inputs(runs[0], also)
     except DataError as err:
         notes.append(f"no prediction beyond this machine: {err}")
         return None, []
@@ -358,7 +375,8 @@ def _prediction(
         k: [dataclasses.asdict(p) for p in maths.predict_scaling(model, v, mode)]
         for k, v in networks.items()
     }
-    validation = maths.validate_against(runs, mode, maths.PRESETS[measured_network], ceilings)
+    network = maths.PRESETS[measured_network]
+    validation = maths.validate_against(runs, mode, network, ceilings, also)
     if not validation:
         notes.append("no multi-worker run measured: the model could not be checked here")
     networks_json = {name: dataclasses.asdict(net) for name, net in networks.items()}

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import pytest
 
+from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.runs.runinfo import make_run_info
 from hvdtrack.runs.timing import EPOCH_PARTS, EpochTiming, StepTiming, read_run, write_run
-from hvdtrack.scaling import maths
+from hvdtrack.scaling import maths, report
 from hvdtrack.scaling.maths import NetworkModel, StepModel
 
 TEN_GB_S = NetworkModel("test", 80.0, 0.0)  # 10 GB/s, no latency
@@ -127,6 +129,35 @@ def test_fit_with_a_negative_fixed_cost_goes_through_the_origin(tmp_path):
     assert "a negative term is noise: fitted through the origin" in model.notes[0]
 
 
+def test_a_fixed_cost_the_edges_do_not_determine_is_said(tmp_path):
+    # 1000-1030 edges, times 0.2 + 1e-4 e with +-0.02 s of noise: a is off by ~0.9 s, and its
+    # standard error (~1 s) is far above 10% of a step.
+    rows = [(1000, 0.32, 0.0), (1010, 0.28, 0.0), (1020, 0.32, 0.0), (1030, 0.28, 0.0)]
+    model = maths.baseline_inputs(read_run(write_steps(tmp_path / "np1", [rows])))
+    (note,) = [n for n in model.notes if "standard error" in n]
+    assert "over these steps' 1,000-1,030 edges: not determined by them" in note
+    assert "--fit-also" in note
+
+
+def test_runs_of_two_batch_sizes_fit_the_fixed_cost_together(tmp_path):
+    # Each run alone spans 30 edges with +-0.02 s of noise; together 1000-2030 edges determine
+    # a = 0.2 s and b = 1e-4 s/edge (the noise averages out over the pairs).
+    noise = (0.02, -0.02, 0.02, -0.02)
+    small = [(e, 0.2 + 1e-4 * e + n, 0.0) for e, n in zip((1000, 1010, 1020, 1030), noise)]
+    large = [(e, 0.2 + 1e-4 * e + n, 0.0) for e, n in zip((2000, 2010, 2020, 2030), noise)]
+    one = read_run(write_steps(tmp_path / "a", [small]))
+    two = read_run(write_steps(tmp_path / "b", [large]))
+    model = maths.baseline_inputs(one, [two])
+    assert model.fixed_s == pytest.approx(0.2, abs=0.01)
+    assert model.per_edge_s == pytest.approx(1e-4, rel=0.02)
+    assert model.edges == (1000, 1010, 1020, 1030)  # the model's own steps stay run one's
+    assert model.notes[0].startswith("fixed and per-edge cost fitted on the steps of 2 single")
+    assert not any("standard error" in n for n in model.notes)
+    pair = read_run(write_steps(tmp_path / "np2", [small, small]))
+    with pytest.raises(DataError, match=r"np2: N=2; only single-worker runs can join the fit"):
+        maths.baseline_inputs(one, [pair])
+
+
 def test_constant_edges_take_all_compute_as_shrinking(tmp_path):
     run_dir = write_steps(tmp_path / "np1", [[(500, 1.0, 0.0), (500, 1.2, 0.0)]])
     model = maths.baseline_inputs(read_run(run_dir))
@@ -221,3 +252,18 @@ def test_validation_shows_each_term_and_what_was_measured(tmp_path):
     (plain,) = maths.validate_against(runs, "strong", TEN_GB_S)
     assert plain.predicted_compute_s == pytest.approx(0.125)
     assert math.isclose(plain.predicted_cycle_s, 0.010)
+
+
+def test_a_run_of_another_model_cannot_join_the_fit(tmp_path):
+    rows = [(e, 0.2 + 1e-4 * e, 0.0) for e in (1000, 2000, 3000)]
+    runs = [write_steps(tmp_path / "np1", [rows]), write_steps(tmp_path / "np2", [rows, rows])]
+    other = write_steps(tmp_path / "other", [rows])
+    info = json.loads((other / "run.json").read_text())
+    info["config"]["model"] = {"latent_size": 32}
+    (other / "run.json").write_text(json.dumps(info))
+    with pytest.raises(ConfigError, match=r"--fit-also .*other: its 'model' config differs"):
+        report.build_report(runs, "weak", fit_also=[other])
+    built = report.build_report(runs, "weak", fit_also=[tmp_path / "np1"])
+    assert any(
+        n.startswith("fixed and per-edge cost fitted on the steps of 2") for n in built.notes
+    )
