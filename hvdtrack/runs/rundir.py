@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import importlib.metadata
+import json
 import os
 import platform
 import re
@@ -107,11 +108,33 @@ def versions() -> dict[str, Any]:
     }
 
 
-def prepare(run_dir: Path, config: Config) -> None:
-    """Creates ``run_dir`` with ``config.yaml`` (resolved) and ``versions.json`` (chief only)."""
+def prepare(run_dir: Path, config: Config, resumed_from: str | None = None) -> None:
+    """Creates ``run_dir`` with ``config.yaml`` (resolved) and ``versions.json`` (chief only).
+
+    A resumed run keeps the versions of its earlier starts: when they differ from this start's,
+    they go to ``versions.json``'s ``previous`` list (oldest first). Each entry's
+    ``resumed_from`` is the checkpoint its start resumed from (None: from the start), so the
+    code of every step is known."""
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, run_dir / "config.yaml")
-    write_json(run_dir / "versions.json", versions())
+    path = run_dir / "versions.json"
+    current = {**versions(), "resumed_from": resumed_from}
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError):
+        earlier = None
+    if isinstance(earlier, dict):
+        previous = earlier.pop("previous", [])
+        same = {k: v for k, v in earlier.items() if k != "resumed_from"} == {
+            k: v for k, v in current.items() if k != "resumed_from"
+        }
+        if same:  # the same code again: the entry keeps where it first started
+            current["resumed_from"] = earlier.get("resumed_from")
+        else:
+            previous = [*previous, earlier]
+        if previous:
+            current["previous"] = previous
+    write_json(path, current)
 
 
 def write_hparams(writer, config: Config, num_workers: int, global_batch: int) -> None:

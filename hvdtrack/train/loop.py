@@ -107,7 +107,7 @@ class _Fit:
                     f"{self.run_dir}: resuming from {point.path or 'the start'}; skipped "
                     + "; ".join(point.skipped)
                 )
-            rundir.prepare(self.run_dir, self.t.config)
+            rundir.prepare(self.run_dir, self.t.config, point.name if point else None)
             if point is not None:  # before any CheckpointManager reads the list
                 repair_state(self.run_dir / "checkpoints", point)
         if not self.elastic:  # elastic: no collective before the elastic loop (joiners sync)

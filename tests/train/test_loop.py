@@ -39,10 +39,9 @@ def test_run_directory_contents(tiny_config):
     info = json.loads((run / "run.json").read_text())
     assert info["status"] == "finished" and info["num_workers"] == 1
     assert info["metrics"]["auc"] == info["metrics"]["auc"]  # not NaN
-    assert set(json.loads((run / "versions.json").read_text())["packages"]) >= {
-        "horovod",
-        "graph-nets",
-    }
+    versions = json.loads((run / "versions.json").read_text())
+    assert set(versions["packages"]) >= {"horovod", "graph-nets"}
+    assert versions["resumed_from"] is None and "previous" not in versions
     assert (run / "config.yaml").exists() and list(
         (run / "tensorboard").glob("events.out.tfevents.*")
     )
@@ -62,9 +61,18 @@ def test_resume_continues_exactly(tiny_config):
     first = Trainer(tiny_config("train.epochs=3", "train.stop_after_steps=6", run="resumed"))
     assert fit(first)["status"] == "stopped"
     assert (int(first.state.epoch.numpy()), int(first.state.step_in_epoch.numpy())) == (1, 2)
+    # The first start ran "other code": the resume keeps its versions beside its own.
+    run_dir = __import__("pathlib").Path(tiny_config(run="resumed").train.run_dir)
+    first_versions = json.loads((run_dir / "versions.json").read_text())
+    assert first_versions["resumed_from"] is None
+    first_versions["hvdtrack_git_revision"] = "0123456789ab"
+    (run_dir / "versions.json").write_text(json.dumps(first_versions))
     second = Trainer(tiny_config("train.epochs=3", run="resumed"))
     info = fit(second)
     assert info["status"] == "finished"
+    versions = json.loads((run_dir / "versions.json").read_text())
+    assert versions["previous"] == [first_versions]
+    assert versions["resumed_from"] == "ckpt-6"
     for a, b in zip(weights(straight), weights(second)):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     assert (
