@@ -344,23 +344,15 @@ def baseline_inputs(run: Run, also: Sequence[Run] = ()) -> StepModel:
     range of edges, over which the fixed cost a is not determined (its standard error is in the
     notes); the residuals stay those of ``run``'s own steps."""
     edges, work, exchange = _step_work(run)
-    fit_edges, fit_work = [edges], [work]
-    for other in also:
-        if other.num_workers != 1:
-            raise DataError(
-                f"{other.path}: N={other.num_workers}; only single-worker runs can join the fit "
-                "of the step's cost"
-            )
-        e, w, _ = _step_work(other)
-        fit_edges.append(e)
-        fit_work.append(w)
-    fixed, per_edge, notes = _fit_line(np.concatenate(fit_edges), np.concatenate(fit_work))
+    for other in (r for r in also if r.num_workers != 1):
+        raise DataError(f"{other.path}: N={other.num_workers}; only single-worker runs can join "
+                        "the fit of the step's cost")  # fmt: skip
+    pairs = [(edges, work)] + [_step_work(other)[:2] for other in also]
+    fixed, per_edge, notes = _fit_line(*(np.concatenate(p) for p in zip(*pairs)))
     if also:
-        notes.insert(
-            0,
-            f"fixed and per-edge cost fitted on the steps of {len(also) + 1} single-worker runs "
-            f"({', '.join(str(r.path) for r in (run, *also))})",
-        )
+        paths = ", ".join(str(r.path) for r in (run, *also))
+        notes.insert(0, f"fixed and per-edge cost fitted on the steps of {len(also) + 1} "
+                        f"single-worker runs ({paths})")  # fmt: skip
     if run.info.get("gradient_bytes"):
         gradient_bytes = int(run.info["gradient_bytes"])
     elif run.info.get("num_params"):
