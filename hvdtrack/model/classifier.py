@@ -286,21 +286,14 @@ class SegmentClassifier(snt.Module):
             return self._node_update.rows(received, sent, tf.concat([xe, x], axis=-1))
 
         parts = StepParts(*map(compute_dtype, (node_terms, edge_rows, head_rows, node_rows)))
-        nodes, edges = encoded_nodes, encoded_edges
-        shared = (encoded_nodes, encoded_edges)
-        steps, every = config.num_message_passing_steps, config.boundary_every
-        outputs = []
-        for first in range(0, steps, every):
-            group = range(first, min(first + every, steps))
-            wanted = [config.output_every_step or step == steps - 1 for step in group]
-            run = recomputed_steps(
-                parts, graphs.senders, graphs.receivers, config.chunk_edges, wanted,
-                last=group[-1] == steps - 1, offload=config.offload,
-            )  # fmt: skip
-            nodes, edges, *rest = run(nodes, edges, *shared)
-            logits, shared = rest[: len(group)], rest[len(group) :]
-            outputs += [x for x, want in zip(logits, wanted) if want]
-        return outputs
+        steps = config.num_message_passing_steps
+        wanted = [config.output_every_step or step == steps - 1 for step in range(steps)]
+        run = recomputed_steps(
+            parts, graphs.senders, graphs.receivers, config.chunk_edges, wanted,
+            every=config.boundary_every, offload=config.offload,
+        )  # fmt: skip
+        logits = run(encoded_nodes, encoded_edges, encoded_nodes, encoded_edges)
+        return [x for x, want in zip(logits, wanted) if want]
 
 
 class _LinearStack(snt.Module):

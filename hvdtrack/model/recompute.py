@@ -13,7 +13,11 @@ the node MLP and its sums) is computed again in the backward pass. Both passes r
 and per-node work in chunks of ``chunk_edges`` rows (a ``tf.while_loop`` of one chunk at a
 time), so the working memory beyond the boundaries is one chunk's, whatever the graph's size.
 The maths are the plain step's: the chunks are rows of the same products, and gradients that
-sum over rows (weights, node rows) add the chunks' parts.
+sum over rows (weights, node rows) add the chunks' parts (node rows in place:
+``segments.segment_add``). All steps are one function (``recomputed_steps``), so its backward
+pass can write each step's edge gradients over that step's input edge latents, which nothing
+reads any more once their per-node sums are taken: no [E, L_e] buffer beyond the boundaries
+but the incoming gradients and the encoded edges' gradient sum.
 
 ``offload`` keeps the boundaries in host memory between the passes (``/CPU:0`` copies made in
 the forward pass, copied back in the backward pass): on a GPU that frees its memory of every
@@ -32,7 +36,7 @@ from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from hvdtrack.model.segments import segment_sum
+from hvdtrack.model.segments import segment_add, segment_sum
 
 ZERO = tf.UnconnectedGradients.ZERO
 
@@ -173,89 +177,82 @@ def recomputed_steps(
     receivers: tf.Tensor,
     chunk: int,
     outputs: Sequence[bool],
-    last: bool = False,
+    every: int = 1,
     offload: bool = False,
 ):
-    """``len(outputs)`` message-passing steps that keep only their boundaries for the backward
-    pass: the first step's input latents, and the last step's output edge latents.
+    """All ``len(outputs)`` message-passing steps as one function that keeps only step
+    boundaries for the backward pass: the input latents of every ``every``-th step.
 
-    With one step per call every step's boundaries are kept; with k, the backward pass first
-    computes the k - 1 inner boundaries again (k - 1 more edge passes), for 1/k of the memory.
+    With ``every`` = 1 every step's boundaries are kept; with k the backward pass first computes
+    a group's k - 1 inner boundaries again (k - 1 more edge passes per k steps), for about 1/k
+    of the memory. The last step's new node latents are not computed (nothing reads them) and
+    its new edge latents are not kept (its backward pass computes them again per chunk).
+
+    The backward pass writes a step's edge gradients over its input edge latents, chunk by
+    chunk, once it has read them: the latents made inside this function, which nothing else
+    reads (the first step's, the function's input, get a buffer of their own). Before that, it
+    sums them per node for the previous step's node part, which needs only those sums. So a step
+    holds its input edges (becoming their gradients), the incoming gradients and the encoded
+    edges' gradient sum: the edge boundaries still kept plus two [E, L_e] tensors.
 
     Args:
       parts: the model's step (``StepParts``).
       senders, receivers: int32 [E], the edges' endpoints.
       chunk: edges per chunk.
       outputs: per step, whether it computes its logits.
-      last: no step follows: the last step's new node latents are not computed (nothing reads
-        them) and its new edge latents are not kept (its backward pass computes them again
-        per chunk); the new latents and the passed-on inputs must have no consumer (their
-        gradients are taken as zeros).
+      every: keep the boundaries of every this many steps.
       offload: keep the boundaries in host memory between the passes.
 
-    The backward pass writes a step's outgoing edge gradients into the incoming ones' buffers
-    (the next step's, which nothing else reads), so a step holds one of each.
-
     Returns:
-      steps(x, e, xe, ee, *invariant) -> (x', e', *logits, xe, ee, *invariant): the new node
-      latents (``last``: the last step's input), the new edge latents, each step's logits
-      [E] (a step without output: [0]) and the shared inputs passed on. The next call takes
-      those: their gradients then arrive summed over the later steps, one tensor each.
+      steps(x, e, xe, ee, *invariant) -> [logits [E] per step (a step without output: [0])],
+      from the encoded node and edge latents: x and e (the first step's input, usually xe and
+      ee themselves), xe and ee (read by every step) and the node terms every step shares.
     """
     graph, count = _Edges(parts, senders, receivers, chunk), len(outputs)
-    finals = [last and j == count - 1 for j in range(count)]
+    groups = [range(first, min(first + every, count)) for first in range(0, count, every)]
 
     @tf.custom_gradient
     def steps(x, e, xe, ee, *invariant):
-        device, first = x.device, (x, e)
-        logits = []
-        for output, final in zip(outputs, finals):
-            new_nodes, e, step_logits = _forward(graph, x, e, xe, ee, invariant, output, final)
-            x = tf.identity(x) if final else new_nodes
+        device, kept, logits = x.device, [], []
+        for j, output in enumerate(outputs):
+            if j % every == 0:
+                kept.append(tuple(_to_host(t) for t in (x, e)) if offload else (x, e))
+            x, e, step_logits = _forward(graph, x, e, xe, ee, invariant, output, j == count - 1)
             logits.append(step_logits)
-        kept = [*first, *(() if last else (e,))]
-        kept = [_to_host(t) if offload else t for t in kept]
 
-        def grad(*upstream, variables=None):
-            g_nodes, g_edges, *rest = upstream
-            g_logits, (g_xe, g_ee, *g_invariant) = rest[:count], rest[count:]
-            if last:
-                # No step follows: nothing reads the new latents or the passed-on inputs, and
-                # the tape's gradients of them are zeros, which may be shared (eager mode caches
-                # zeros by shape): never read nor written in place. Fresh buffers instead. Only
-                # the logits' gradients are waited for (the zeros would be made for nothing).
-                g_nodes = g_edges = g_xe = g_ee = None
-                g_invariant = [None] * len(g_invariant)
-            # Nothing is recomputed before the gradients of the outputs arrive: ops that need
+        def grad(*g_logits, variables=None):
+            # Nothing is recomputed before the gradients of the logits arrive: ops that need
             # only the kept boundaries would otherwise run as soon as they could, for every
-            # step at once at the start of the backward pass.
-            waits = g_logits if last else upstream
-            with tf.control_dependencies([g for g in waits if g is not None]):
-                return backward(
-                    [g_nodes, g_edges, g_xe, g_ee, *g_invariant], g_logits, list(variables or ())
-                )
+            # group at once at the start of the backward pass.
+            with tf.control_dependencies([g for g in g_logits if g is not None]):
+                return backward(list(g_logits), list(variables or ()))
 
-        def backward(g_inputs, g_logits, variables):
-            x, e, *e_out = [_to_device(t, device) if offload else t for t in kept]
-            boundaries = [(x, e)]
-            for _ in range(count - 1):  # the inner boundaries, again
-                x, e, _ = _forward(graph, x, e, xe, ee, invariant, False, False)
-                boundaries.append((x, e))
-            new_edges = [e for _, e in boundaries[1:]] + (e_out or [None])
-            g_vars = [tf.zeros_like(v) for v in variables]
-            for j in reversed(range(count)):
-                (x, e), step = boundaries[j], (outputs[j], finals[j])
-                g_inputs, g_step = _backward(
-                    graph, x, e, new_edges[j], xe, ee, invariant, variables, step,
-                    g_inputs, g_logits[j],
-                )  # fmt: skip
-                g_vars = [a + b for a, b in zip(g_vars, g_step)]
+        def backward(g_logits, variables):
+            # The gradients of the step being taken: of its new nodes and edges, of the shared
+            # inputs (summed over the later steps); the sums of its new edges per node.
+            g_nodes = g_edges = None
+            g_shared = [None] * (2 + len(invariant))
+            sums, g_vars = None, [tf.zeros_like(v) for v in variables]
+            for group, (x, e) in reversed(list(zip(groups, kept))):
+                x, e = (_to_device(t, device) for t in (x, e)) if offload else (x, e)
+                boundaries = [(x, e)]
+                for _ in group[1:]:  # the inner boundaries, again
+                    x, e, _ = _forward(graph, x, e, xe, ee, invariant, False, False)
+                    boundaries.append((x, e))
+                for j in reversed(group):
+                    (x, e), step = boundaries[j - group[0]], (outputs[j], j == count - 1)
+                    g_in = [g_nodes, g_edges, *g_shared]
+                    (g_nodes, g_edges, *g_shared), g_step, sums = _backward(
+                        graph, x, e, sums, xe, ee, invariant, variables, step, g_in,
+                        g_logits[j], own=j > 0,
+                    )  # fmt: skip
+                    g_vars = [a + b for a, b in zip(g_vars, g_step)]
+            g_inputs = [g_nodes, g_edges, *g_shared]
             return (g_inputs, g_vars) if variables else g_inputs
 
-        shared = [tf.identity(t) for t in (xe, ee, *invariant)]
-        return (x, e, *logits, *shared), grad
+        return logits, grad
 
-    return steps
+    return lambda *inputs: list(steps(*inputs))
 
 
 def _forward(graph: _Edges, x, e, xe, ee, invariant, output: bool, final: bool):
@@ -279,11 +276,21 @@ def _forward(graph: _Edges, x, e, xe, ee, invariant, output: bool, final: bool):
     return new_nodes, new_edges, logits[0] if output else tf.zeros([0], new_edges.dtype)
 
 
-def _backward(graph: _Edges, x, e, new_edges, xe, ee, invariant, variables, step, g_in, g_logits):
-    """The gradients of one step from its boundaries (x, e and, unless it is the final step,
-    its ``new_edges``) and those of its outputs ``g_in`` = [new nodes, new edges, xe, ee,
-    *invariant], each None for none (the shared inputs' are sums over the later steps).
-    Returns ([x, e, xe, ee, *invariant] gradients, variable gradients)."""
+def _backward(
+    graph: _Edges, x, e, sums, xe, ee, invariant, variables, step, g_in, g_logits, own: bool
+):
+    """The gradients of one step from its boundaries (x, e), the per-node ``sums`` (received,
+    sent) of its new edges (None for the final step) and the gradients of its outputs ``g_in``
+    = [new nodes, new edges, xe, ee, *invariant], each None for none (the shared inputs' are
+    sums over the later steps).
+
+    ``own``: ``e`` was made by the caller's forward pass and nothing reads it after this step:
+    its per-node sums are taken first (the previous step's ``sums``), then its buffer takes
+    its gradients, chunk by chunk.
+
+    Returns ([x, e, xe, ee, *invariant] gradients, variable gradients, the sums of ``e`` per
+    node (``own``; else None)).
+    """
     output, final = step
     g_nodes, g_edges, g_xe_later, g_ee, *g_invariant = g_in
     parts, receivers, senders, chunk = graph.parts, graph.receivers, graph.senders, graph.chunk
@@ -299,10 +306,7 @@ def _backward(graph: _Edges, x, e, new_edges, xe, ee, invariant, variables, step
     if not final and g_nodes is not None:
         # The node part, node-wise: the gradients of its sums and inputs.
         # Nodes in chunks too: one chunk's MLP layers and concatenation at a time.
-        received = segment_sum(new_edges, receivers, num_nodes)
-        sent = segment_sum(new_edges, senders, num_nodes)
-
-        inputs = [received, sent, x, own_xe]
+        inputs = [*sums, x, own_xe]
         (g_received, g_sent, g_x, g_xe_own), g_vars = _vjp_in_chunks(
             parts.node_rows, inputs, g_nodes, variables, chunk
         )
@@ -311,14 +315,20 @@ def _backward(graph: _Edges, x, e, new_edges, xe, ee, invariant, variables, step
     with tf.GradientTape() as terms_tape:
         terms_tape.watch([x, own_xe, *invariant])
         r, s = parts.node_terms(x, own_xe, invariant)
+    input_sums = None
+    if own:
+        input_sums = (segment_sum(e, receivers, num_nodes), segment_sum(e, senders, num_nodes))
 
     def body(i, state):
         g_r, g_s, g_vars, g_e_out, g_ee_out = state
         e_c, ee_c, recv_c, send_c = graph.rows(i, e, ee, receivers, senders)
         # Without a gradient from later steps (None): zeros of a chunk, not of every edge.
-        # Else the incoming gradient's rows, which the outgoing one then replaces in the same
-        # buffer (``_write``).
-        g_new = tf.zeros_like(e_c) if g_edges is None else graph.rows(i, g_e_out)[0]
+        # Else the incoming gradient's rows: from its own buffer, or (not ``own``) from the
+        # buffer the outgoing one then replaces them in (``_write``).
+        if g_edges is None:
+            g_new = tf.zeros_like(e_c)
+        else:
+            g_new = graph.rows(i, g_edges if own else g_e_out)[0]
         if g_received is not None:
             g_new += tf.gather(g_received, recv_c) + tf.gather(g_sent, send_c)
         with tf.GradientTape() as tape:
@@ -332,21 +342,27 @@ def _backward(graph: _Edges, x, e, new_edges, xe, ee, invariant, variables, step
         grads = tape.gradient(targets, [e_c, ee_c, r_c, s_c, *variables], upstream, ZERO)
         g_e_c, g_ee_own, g_r_c, g_s_c, *g_w = grads
         return (
-            g_r + segment_sum(g_r_c, recv_c, num_nodes),
-            g_s + segment_sum(g_s_c, send_c, num_nodes),
+            segment_add(g_r, g_r_c, recv_c),
+            segment_add(g_s, g_s_c, send_c),
             [a + b for a, b in zip(g_vars, g_w)],
             _write(g_e_out, i, chunk, g_e_c, grads),
             _write(g_ee_out, i, chunk, g_ee_own, grads, add=g_ee is not None),
         )
 
-    # The outgoing edge gradients overwrite (g_e) or add to (g_ee) the incoming ones in place:
-    # a step's backward pass holds one [E, L_e] tensor of each, not three.
+    # The outgoing edge gradients overwrite the input edges (``own``, once their sums exist) or
+    # the incoming gradients, and add to the encoded edges' (g_ee) in place: a step's backward
+    # pass holds one [E, L_e] tensor of each, not three.
     total = tf.shape(e)[0]
+    if own:
+        with tf.control_dependencies(input_sums):
+            g_e_out = tf.identity(e)
+    else:
+        g_e_out = _buffer(total, e) if g_edges is None else g_edges
     state = (
         tf.zeros_like(r),
         tf.zeros_like(s),
         g_vars,
-        _buffer(total, e) if g_edges is None else g_edges,
+        g_e_out,
         _buffer(total, ee) if g_ee is None else g_ee,
     )
     g_r, g_s, g_vars, g_e_out, g_ee_out = _loop(_chunks(total, chunk), body, state)
@@ -358,7 +374,7 @@ def _backward(graph: _Edges, x, e, new_edges, xe, ee, invariant, variables, step
         g_ee_out,
         *(_or_zeros(g, t) + d for g, t, d in zip(g_invariant, invariant, terms[2:])),
     ]
-    return g_inputs, [a + b for a, b in zip(g_vars, terms[2 + len(invariant) :])]
+    return g_inputs, [a + b for a, b in zip(g_vars, terms[2 + len(invariant) :])], input_sums
 
 
 def _or_zeros(gradient: Optional[tf.Tensor], like: tf.Tensor) -> tf.Tensor:

@@ -14,6 +14,13 @@
 // result is the same at any thread count and bit-identical to TensorFlow's one-thread kernel
 // (tests/model/test_segment_sum.py).
 //
+//   HvdtrackSegmentAdd(sums [N, W], values [E, W], segment_ids int32 [E]) -> [N, W]
+//       sums with the same edges' rows added (sums + HvdtrackSegmentSum(values, ...)), in
+//       place when TensorFlow can hand over sums' buffer: the backward pass of model.recompute
+//       adds each chunk of edges into one [N, W] accumulator without a second [N, W] tensor for
+//       the chunk's sums and a third for their addition. Each row gets its edges added in
+//       ascending edge order onto its old value, at any thread count, as above.
+//
 // Built with layer_norm.cc into the one kernel library by hvdtrack/model/kernels.py.
 
 #include <algorithm>
@@ -66,6 +73,23 @@ REGISTER_OP("HvdtrackSegmentSum")
       return Status();
     });
 
+REGISTER_OP("HvdtrackSegmentAdd")
+    .Input("sums: float")
+    .Input("values: float")
+    .Input("segment_ids: int32")
+    .Output("out: float")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle sums, values, ids;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &sums));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &values));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &ids));
+      DimensionHandle edges, width;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(values, 0), c->Dim(ids, 0), &edges));
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(values, 1), c->Dim(sums, 1), &width));
+      c->set_output(0, c->Matrix(c->Dim(sums, 0), width));
+      return Status();
+    });
+
 namespace {
 
 inline void AddRow(const float* row, float* out, int64 width) {
@@ -80,6 +104,81 @@ inline void Prefetch(const float* row, int64 width) {
   }
 }
 
+// Checks values [E, W] and segment_ids [E] (every id in [0, segments)); the name is the op's.
+Status CheckEdges(const char* name, const Tensor& values, const Tensor& segment_ids,
+                  int64 segments) {
+  if (values.dims() != 2) {
+    return ::tensorflow::errors::InvalidArgument(name, ": values must be [edges, width], got shape ",
+                                                 values.shape().DebugString());
+  }
+  if (segment_ids.dims() != 1 || segment_ids.dim_size(0) != values.dim_size(0)) {
+    return ::tensorflow::errors::InvalidArgument(
+        name, ": segment_ids must be [edges] = [", values.dim_size(0), "], got shape ",
+        segment_ids.shape().DebugString());
+  }
+  const int32_t* ids = segment_ids.flat<int32_t>().data();
+  for (int64 e = 0; e < values.dim_size(0); ++e) {
+    if (ids[e] < 0 || ids[e] >= segments) {
+      return ::tensorflow::errors::InvalidArgument(name, ": segment_ids[", e, "] = ", ids[e],
+                                                   " is out of range [0, ", segments, "): edge ", e,
+                                                   " names no segment");
+    }
+  }
+  return Status();
+}
+
+// sums[ids[e]] += values[e] for every edge e, each row's edges in ascending order. With
+// zero_first each row is set to zeros first (in the same pass, so that the threads write it).
+void AddSegments(OpKernelContext* context, const Tensor& values, const Tensor& segment_ids,
+                 bool zero_first, Tensor* sums) {
+  const int64 segments = sums->dim_size(0), edges = values.dim_size(0);
+  const int64 width = values.dim_size(1);
+  if (segments == 0 || width == 0) return;
+  const int32_t* ids = segment_ids.flat<int32_t>().data();
+  const float* vp = values.flat<float>().data();
+  float* sp = sums->flat<float>().data();
+  const int64 blocks = (segments + kBlockSegments - 1) / kBlockSegments;
+  auto* workers = context->device()->tensorflow_cpu_worker_threads();
+  if (workers->num_threads == 1 || blocks == 1) {
+    // One thread: TensorFlow's own loop, the values read once in order. Each row gets its
+    // edges in ascending order too, so the sums are those of the blocks below.
+    if (zero_first) std::fill(sp, sp + segments * width, 0.f);
+    for (int64 e = 0; e < edges; ++e) {
+      AddRow(vp + e * width, sp + ids[e] * width, width);
+    }
+    return;
+  }
+
+  // CSR offsets: the edges of segment s are order[offsets[s]:offsets[s + 1]], ascending.
+  std::vector<int64> offsets(segments + 1, 0);
+  for (int64 e = 0; e < edges; ++e) ++offsets[ids[e] + 1];
+  for (int64 s = 0; s < segments; ++s) offsets[s + 1] += offsets[s];
+  std::vector<int64> next(offsets.begin(), offsets.end() - 1);
+  std::vector<int64> order(edges);
+  for (int64 e = 0; e < edges; ++e) order[next[ids[e]]++] = e;
+
+  // A block's rows written plus, on average, its edges' rows read.
+  const int64 cost_per_block =
+      (kBlockSegments + edges * kBlockSegments / segments) * width * kCyclesPerFloat;
+  ::tensorflow::Shard(
+      workers->num_threads, workers->workers, blocks, cost_per_block,
+      [&](int64 begin, int64 end) {
+        const int64 last = std::min(segments, end * kBlockSegments);
+        const int64 last_edge = offsets[last];
+        for (int64 s = begin * kBlockSegments; s < last; ++s) {
+          float* out = sp + s * width;
+          // zeros first, as TensorFlow's: -0.0 sums to +0.0
+          if (zero_first) std::fill(out, out + width, 0.f);
+          for (int64 k = offsets[s]; k < offsets[s + 1]; ++k) {
+            if (k + kPrefetchRows < last_edge) {
+              Prefetch(vp + order[k + kPrefetchRows] * width, width);
+            }
+            AddRow(vp + order[k] * width, out, width);
+          }
+        }
+      });
+}
+
 }  // namespace
 
 class SegmentSumOp : public OpKernel {
@@ -90,14 +189,6 @@ class SegmentSumOp : public OpKernel {
     const Tensor& values = context->input(0);
     const Tensor& segment_ids = context->input(1);
     const Tensor& num_segments = context->input(2);
-    OP_REQUIRES(context, values.dims() == 2,
-                ::tensorflow::errors::InvalidArgument(
-                    "HvdtrackSegmentSum: values must be [edges, width], got shape ",
-                    values.shape().DebugString()));
-    OP_REQUIRES(context, segment_ids.dims() == 1 && segment_ids.dim_size(0) == values.dim_size(0),
-                ::tensorflow::errors::InvalidArgument(
-                    "HvdtrackSegmentSum: segment_ids must be [edges] = [", values.dim_size(0),
-                    "], got shape ", segment_ids.shape().DebugString()));
     OP_REQUIRES(context, num_segments.dims() == 0,
                 ::tensorflow::errors::InvalidArgument(
                     "HvdtrackSegmentSum: num_segments must be a scalar, got shape ",
@@ -106,61 +197,40 @@ class SegmentSumOp : public OpKernel {
     OP_REQUIRES(context, segments >= 0,
                 ::tensorflow::errors::InvalidArgument(
                     "HvdtrackSegmentSum: num_segments must be >= 0, got ", segments));
-    const int64 edges = values.dim_size(0), width = values.dim_size(1);
-    const int32_t* ids = segment_ids.flat<int32_t>().data();
-    for (int64 e = 0; e < edges; ++e) {
-      OP_REQUIRES(context, ids[e] >= 0 && ids[e] < segments,
-                  ::tensorflow::errors::InvalidArgument(
-                      "HvdtrackSegmentSum: segment_ids[", e, "] = ", ids[e],
-                      " is out of range [0, ", segments, "): edge ", e, " names no segment"));
-    }
+    OP_REQUIRES_OK(context, CheckEdges("HvdtrackSegmentSum", values, segment_ids, segments));
     Tensor* sums;
-    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({segments, width}), &sums));
-    if (segments == 0 || width == 0) return;
-    const float* vp = values.flat<float>().data();
-    float* sp = sums->flat<float>().data();
-    const int64 blocks = (segments + kBlockSegments - 1) / kBlockSegments;
-    auto* workers = context->device()->tensorflow_cpu_worker_threads();
-    if (workers->num_threads == 1 || blocks == 1) {
-      // One thread: TensorFlow's own loop, the values read once in order. Each row gets its
-      // edges in ascending order too, so the sums are those of the blocks below.
-      std::fill(sp, sp + segments * width, 0.f);
-      for (int64 e = 0; e < edges; ++e) {
-        AddRow(vp + e * width, sp + ids[e] * width, width);
-      }
-      return;
+    OP_REQUIRES_OK(context, context->allocate_output(
+                                0, TensorShape({segments, values.dim_size(1)}), &sums));
+    AddSegments(context, values, segment_ids, /*zero_first=*/true, sums);
+  }
+};
+
+class SegmentAddOp : public OpKernel {
+ public:
+  explicit SegmentAddOp(OpKernelConstruction* context) : OpKernel(context) {}
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& sums = context->input(0);
+    const Tensor& values = context->input(1);
+    const Tensor& segment_ids = context->input(2);
+    OP_REQUIRES(context, sums.dims() == 2 && values.dims() == 2 &&
+                             sums.dim_size(1) == values.dim_size(1),
+                ::tensorflow::errors::InvalidArgument(
+                    "HvdtrackSegmentAdd: sums [segments, width] and values [edges, width] must "
+                    "have one width, got shapes ",
+                    sums.shape().DebugString(), " and ", values.shape().DebugString()));
+    OP_REQUIRES_OK(context,
+                   CheckEdges("HvdtrackSegmentAdd", values, segment_ids, sums.dim_size(0)));
+    Tensor* out;
+    OP_REQUIRES_OK(context, context->forward_input_or_allocate_output({0}, 0, sums.shape(), &out));
+    if (out->flat<float>().data() != sums.flat<float>().data()) {  // not handed over: a copy
+      std::copy_n(sums.flat<float>().data(), sums.NumElements(), out->flat<float>().data());
     }
-
-    // CSR offsets: the edges of segment s are order[offsets[s]:offsets[s + 1]], ascending.
-    std::vector<int64> offsets(segments + 1, 0);
-    for (int64 e = 0; e < edges; ++e) ++offsets[ids[e] + 1];
-    for (int64 s = 0; s < segments; ++s) offsets[s + 1] += offsets[s];
-    std::vector<int64> next(offsets.begin(), offsets.end() - 1);
-    std::vector<int64> order(edges);
-    for (int64 e = 0; e < edges; ++e) order[next[ids[e]]++] = e;
-
-    // A block's rows written plus, on average, its edges' rows read.
-    const int64 cost_per_block =
-        (kBlockSegments + edges * kBlockSegments / segments) * width * kCyclesPerFloat;
-    ::tensorflow::Shard(
-        workers->num_threads, workers->workers, blocks, cost_per_block,
-        [&](int64 begin, int64 end) {
-          const int64 last = std::min(segments, end * kBlockSegments);
-          const int64 last_edge = offsets[last];
-          for (int64 s = begin * kBlockSegments; s < last; ++s) {
-            float* out = sp + s * width;
-            std::fill(out, out + width, 0.f);  // zeros first, as TensorFlow's: -0.0 sums to +0.0
-            for (int64 k = offsets[s]; k < offsets[s + 1]; ++k) {
-              if (k + kPrefetchRows < last_edge) {
-                Prefetch(vp + order[k + kPrefetchRows] * width, width);
-              }
-              AddRow(vp + order[k] * width, out, width);
-            }
-          }
-        });
+    AddSegments(context, values, segment_ids, /*zero_first=*/false, out);
   }
 };
 
 REGISTER_KERNEL_BUILDER(Name("HvdtrackSegmentSum").Device(::tensorflow::DEVICE_CPU), SegmentSumOp);
+REGISTER_KERNEL_BUILDER(Name("HvdtrackSegmentAdd").Device(::tensorflow::DEVICE_CPU), SegmentAddOp);
 
 }  // namespace hvdtrack

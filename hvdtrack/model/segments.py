@@ -4,7 +4,10 @@ The message passing's two data movements: ``segment_sum`` (edges to nodes) and `
 (nodes to edges). On CPU both sums run on the kernel library's ``HvdtrackSegmentSum``
 (``segment_sum.cc``), which scales with threads and gives the same bits at any thread count.
 
-Public symbols: ``segment_sum``, ``gather_rows``.
+``segment_add`` adds a chunk of edges' sums into an existing [N, width] accumulator (in place
+on CPU), for the backward pass of ``model.recompute``.
+
+Public symbols: ``segment_sum``, ``segment_add``, ``gather_rows``.
 """
 
 from __future__ import annotations
@@ -52,6 +55,33 @@ def segment_sum(values: tf.Tensor, segment_ids: tf.Tensor, num_segments) -> tf.T
         return tf.math.unsorted_segment_sum(values, segment_ids, num_segments), grad
 
     return _sum(values)
+
+
+def segment_add(sums: tf.Tensor, values: tf.Tensor, segment_ids: tf.Tensor) -> tf.Tensor:
+    """``sums + segment_sum(values, segment_ids, N)`` for an accumulator ``sums`` [N, width],
+    without recording a gradient (it runs inside hand-written backward passes).
+
+    On CPU, for float32, the kernel library's ``HvdtrackSegmentAdd``: it adds the rows into
+    ``sums``' own buffer when TensorFlow can hand it over (nothing else reads it), so a loop
+    over chunks of edges holds one [N, width] tensor, not the accumulator, the chunk's sums and
+    their addition; each row gets its edges in ascending order, at any thread count. Elsewhere
+    the addition in TensorFlow ops (the same sums up to the order of addition).
+
+    Args:
+      sums: float [N, width]; read only through the result afterwards.
+      values: float [E, width].
+      segment_ids: int32 [E], each in [0, N).
+
+    Raises:
+      tf.errors.InvalidArgument: an id outside [0, N) (named with its edge).
+    """
+    sums, values = tf.convert_to_tensor(sums), tf.convert_to_tensor(values)
+    segment_ids = tf.convert_to_tensor(segment_ids)
+    fused = values.dtype == tf.float32 and sums.dtype == tf.float32
+    kernels = fused_kernels() if fused and segment_ids.dtype == tf.int32 else None
+    if kernels:
+        return kernels.hvdtrack_segment_add(sums, values, segment_ids)
+    return sums + tf.math.unsorted_segment_sum(values, segment_ids, tf.shape(sums)[0])
 
 
 def gather_rows(params: tf.Tensor, indices: tf.Tensor) -> tf.Tensor:

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from hvdtrack.model import segments as segments_module
 from hvdtrack.model.kernels import fused_kernels, plain_ops
-from hvdtrack.model.segments import segment_sum
+from hvdtrack.model.segments import segment_add, segment_sum
 
 # Ends a hung subprocess; not a speed goal (one takes 10-20 s on a loaded 2-core machine, more
 # when it must first compile the library into a fresh cache).
@@ -114,8 +114,10 @@ rng = np.random.default_rng(0)
 values = tf.constant(rng.standard_normal((100000, 64)) * np.exp(rng.uniform(-7, 7, (100000, 1))),
                      tf.float32)
 ids = tf.constant(rng.integers(0, 11000, 100000), tf.int32)  # 12,000 nodes, 1,000 unreached
+start = tf.constant(rng.standard_normal((12000, 64)), tf.float32)
+added = fused_kernels().hvdtrack_segment_add(start, values, ids)
 for sums in (fused_kernels().hvdtrack_segment_sum(values, ids, 12000),
-             tf.math.unsorted_segment_sum(values, ids, 12000)):
+             tf.math.unsorted_segment_sum(values, ids, 12000), added):
     print(hashlib.sha256(sums.numpy().tobytes()).hexdigest())
 """
 
@@ -130,9 +132,51 @@ def test_the_kernel_at_one_and_two_threads_equals_tensorflows_one_thread_kernel(
             [sys.executable, "-c", THREADS_PROGRAM, str(threads)],
             capture_output=True, text=True, check=True, env=env, timeout=HANG_S,
         )  # fmt: skip
-        digests[threads] = done.stdout.split()[-2:]  # ours, TensorFlow's
+        digests[threads] = done.stdout.split()[-3:]  # ours, TensorFlow's, ours added
     assert digests[1][0] == digests[1][1]
     assert digests[2][0] == digests[1][0]
+    assert digests[2][2] == digests[1][2]  # HvdtrackSegmentAdd too
+
+
+def test_segment_add_adds_each_rows_edges_in_order_onto_the_old_value(kernels):
+    # N=3, W=2: row 1 receives nothing and keeps its value; row 2 gets edges 0, 2 and 4
+    start = tf.constant([[1.0, -1.0], [2.0, 3.0], [1e8, 0.0]])
+    values = tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0], [-1e8, -0.25]])
+    ids = tf.constant([2, 0, 2, 0, 2])
+    added = kernels.hvdtrack_segment_add(start, values, ids).numpy()
+    # (1e8 + 1 + 5) - 1e8 in float32 is 8 (1e8 + 1 rounds to 1e8, + 5 to 100000008): the old
+    # value first, then the edges in order; summing the edges first would give 6.
+    np.testing.assert_array_equal(added, [[11.0, 11.0], [2.0, 3.0], [8.0, 7.75]])
+    np.testing.assert_array_equal(start.numpy()[2], [1e8, 0.0])  # an eager input stays as it was
+
+
+def test_segment_add_refuses_an_id_out_of_range_and_another_width(kernels):
+    message = r"HvdtrackSegmentAdd: segment_ids\[1\] = 3 is out of range \[0, 3\): edge 1"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        kernels.hvdtrack_segment_add(tf.zeros([3, 2]), tf.ones([2, 2]), tf.constant([0, 3]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must have one width"):
+        kernels.hvdtrack_segment_add(tf.zeros([3, 2]), tf.ones([2, 4]), tf.constant([0, 1]))
+
+
+def test_segment_add_in_a_loop_equals_the_tensorflow_ops_version(monkeypatch):
+    """Chunks of edges added into one accumulator in a compiled while loop (as the recompute
+    backward pass does): the kernel and the TensorFlow-ops fallback agree with one sum."""
+    rng = np.random.default_rng(3)
+    values, ids = _random_case(rng, 1000, 50, 5)
+    values = tf.round(values * 64) / 64  # sums exact in any order: both ways give the same bits
+
+    @tf.function
+    def chunked(values, ids):
+        def body(i, acc):
+            return i + 1, segment_add(acc, values[i * 300 : (i + 1) * 300], ids[i * 300 : (i + 1) * 300])
+
+        return tf.while_loop(lambda i, _: i < 4, body, (0, tf.zeros([50, 5])))[1]
+
+    fused = chunked(values, ids).numpy()
+    monkeypatch.setattr(segments_module, "fused_kernels", lambda: None)
+    ops = tf.function(chunked.python_function)(values, ids).numpy()
+    np.testing.assert_array_equal(fused, tf.math.unsorted_segment_sum(values, ids, 50).numpy())
+    np.testing.assert_array_equal(ops, fused)
 
 
 def _value_and_gradient(values, ids, upstream):
