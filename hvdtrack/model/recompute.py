@@ -234,18 +234,25 @@ def recomputed_steps(
             g_shared = [None] * (2 + len(invariant))
             sums, g_vars = None, [tf.zeros_like(v) for v in variables]
             for group, (x, e) in reversed(list(zip(groups, kept))):
-                x, e = (_to_device(t, device) for t in (x, e)) if offload else (x, e)
-                boundaries = [(x, e)]
-                for _ in group[1:]:  # the inner boundaries, again
-                    x, e, _ = _forward(graph, x, e, xe, ee, invariant, False, False)
-                    boundaries.append((x, e))
+                # Each group, and each step in it, waits for the gradients of the step after
+                # it: what needs only kept boundaries (the inner boundaries, the sums, the node
+                # terms) would otherwise run for every step at once, early in the pass; and
+                # that step's weight gradients, whose inputs ([N, 128] node-term gradients)
+                # would otherwise stay until the executor got round to them.
+                with _after(g_nodes, g_edges, *g_vars):
+                    x, e = (_to_device(t, device) for t in (x, e)) if offload else (x, e)
+                    boundaries = [(x, e)]
+                    for _ in group[1:]:  # the inner boundaries, again
+                        x, e, _ = _forward(graph, x, e, xe, ee, invariant, False, False)
+                        boundaries.append((x, e))
                 for j in reversed(group):
                     (x, e), step = boundaries[j - group[0]], (outputs[j], j == count - 1)
                     g_in = [g_nodes, g_edges, *g_shared]
-                    (g_nodes, g_edges, *g_shared), g_step, sums = _backward(
-                        graph, x, e, sums, xe, ee, invariant, variables, step, g_in,
-                        g_logits[j], own=j > 0,
-                    )  # fmt: skip
+                    with _after(g_nodes, g_edges, *g_vars):
+                        (g_nodes, g_edges, *g_shared), g_step, sums = _backward(
+                            graph, x, e, sums, xe, ee, invariant, variables, step, g_in,
+                            g_logits[j], own=j > 0,
+                        )  # fmt: skip
                     g_vars = [a + b for a, b in zip(g_vars, g_step)]
             g_inputs = [g_nodes, g_edges, *g_shared]
             return (g_inputs, g_vars) if variables else g_inputs
@@ -375,6 +382,11 @@ def _backward(
         *(_or_zeros(g, t) + d for g, t, d in zip(g_invariant, invariant, terms[2:])),
     ]
     return g_inputs, [a + b for a, b in zip(g_vars, terms[2 + len(invariant) :])], input_sums
+
+
+def _after(*tensors: Optional[tf.Tensor]):
+    """Ops made in the block wait for ``tensors`` (None: nothing to wait for)."""
+    return tf.control_dependencies([t for t in tensors if t is not None])
 
 
 def _or_zeros(gradient: Optional[tf.Tensor], like: tf.Tensor) -> tf.Tensor:
