@@ -92,6 +92,8 @@ def test_gradient_is_the_closed_form_and_agrees_with_tensorflows():
         theirs = weights * theirs / 2.0
     np.testing.assert_array_equal(ours.numpy(), theirs.numpy())  # the same values
     for x, g, t in zip(logits, tape.gradient(ours, logits), tape.gradient(theirs, logits)):
-        expected = weights.numpy() * (1 / (1 + np.exp(-x.numpy().astype(np.float64))) - labels.numpy()) / 2
+        expected = (
+            weights.numpy() * (1 / (1 + np.exp(-x.numpy().astype(np.float64))) - labels.numpy()) / 2
+        )
         np.testing.assert_allclose(g.numpy(), expected, rtol=1e-6, atol=1e-12)
         np.testing.assert_allclose(g.numpy(), t.numpy(), rtol=1e-6, atol=1e-12)

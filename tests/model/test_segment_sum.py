@@ -168,7 +168,9 @@ def test_segment_add_in_a_loop_equals_the_tensorflow_ops_version(monkeypatch):
     @tf.function
     def chunked(values, ids):
         def body(i, acc):
-            return i + 1, segment_add(acc, values[i * 300 : (i + 1) * 300], ids[i * 300 : (i + 1) * 300])
+            return i + 1, segment_add(
+                acc, values[i * 300 : (i + 1) * 300], ids[i * 300 : (i + 1) * 300]
+            )
 
         return tf.while_loop(lambda i, _: i < 4, body, (0, tf.zeros([50, 5])))[1]
 
