@@ -77,11 +77,12 @@ def probe(args: argparse.Namespace) -> int:
     step()
     first_s = time.perf_counter() - start
     first_peak = peak_rss_bytes()
+    device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
+    first_allocator_peak = device_peak_bytes(device)  # since the start: the first step's
     timing = None
     if args.repeats:  # the allocator's peak of a later step (else: since the start)
-        tf.config.experimental.reset_memory_stats("CPU:0")
+        tf.config.experimental.reset_memory_stats(device)
         timing = time_calls(step, 0, args.repeats)
-    device = "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
     record = dict(
         nodes=args.nodes[0],
         edges=args.edges[0],
@@ -89,6 +90,7 @@ def probe(args: argparse.Namespace) -> int:
         rss_growth=first_peak - before,
         peak_rss=max(first_peak, peak_rss_bytes()),
         allocator_peak=device_peak_bytes(device),
+        first_allocator_peak=first_allocator_peak,
         first_step_s=first_s,
         step_s=timing.median if timing else first_s,
     )

@@ -13,11 +13,17 @@ visible GPU when TensorFlow is already imported. Without that file (not Linux, o
 that forbids the write) the peak is the highest since the process started, and ``reset_peak``
 returns False.
 
-Public symbols: ``rss_bytes``, ``peak_rss_bytes``, ``reset_peak``, ``device_peak_bytes``.
+``trim_heap`` hands the C heap's free pages back to the system (glibc's ``malloc_trim``), so that
+memory a phase freed (the graph optimizer's, say) no longer counts in the resident set.
+
+Public symbols: ``rss_bytes``, ``peak_rss_bytes``, ``reset_peak``, ``device_peak_bytes``,
+``trim_heap``.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import sys
 from pathlib import Path
 from typing import Optional
@@ -76,3 +82,16 @@ def device_peak_bytes(device: str = "GPU:0") -> Optional[int]:
         return int(tf.config.experimental.get_memory_info(device)["peak"])
     except (ValueError, RuntimeError):
         return None
+
+
+def trim_heap() -> bool:
+    """Returns the C heap's free memory to the system (glibc ``malloc_trim(0)``: the free top of
+    every arena and the free pages inside them). True if glibc gave any back; False where the C
+    library is not glibc."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))
