@@ -3,7 +3,7 @@
 Every entry point (``hvdtrack COMMAND`` and each ``python -m hvdtrack.X``) ends with
 ``sys.exit(run(main))``; nothing is set by importing a module of the package.
 
-Public symbols: ``QUIET``, ``TRAINING``, ``start``, ``run``.
+Public symbols: ``QUIET``, ``TRAINING``, ``ALLOCATOR``, ``start``, ``choose_allocator``, ``run``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ TRAINING: Mapping[str, str] = {
     # The default CPU allocator returns large buffers to the OS after every step; with graphs of
     # ~10^5 edges that costs ~10^6 page faults per step (a third of it). The caching (BFC)
     # allocator keeps them: 1.3-1.6x faster steps (measured when the bench still compared both).
+    # With model.recompute the system allocator instead (``choose_allocator``).
     "TF_CPU_ALLOCATOR_USE_BFC": "true",
     # Same seed, same weights: with TensorFlow's oneDNN kernels a process of a 2-rank job
     # computed one of two different gradients for the same batch and weights (the kernels' order
@@ -34,14 +35,37 @@ TRAINING: Mapping[str, str] = {
     "TF_ENABLE_ONEDNN_OPTS": "0",
 }
 
+ALLOCATOR = "TF_CPU_ALLOCATOR_USE_BFC"
+# The names of the settings in the environment that a command supplied, not its user: a child
+# process (a memory probe, a rank) may still choose them for itself.
+SUPPLIED = "HVDTRACK_SUPPLIED_SETTINGS"
+
 Main = Callable[[Optional[Sequence[str]]], int]
 
 
 def start(settings: Mapping[str, str], environ: Optional[MutableMapping[str, str]] = None) -> None:
-    """Applies a command's process settings (environment defaults; explicit values win)."""
+    """Applies a command's process settings: environment defaults; values the user set win,
+    values an hvdtrack command supplied (``SUPPLIED``, in a parent process) do not."""
     environ = os.environ if environ is None else environ
+    supplied = set(filter(None, environ.get(SUPPLIED, "").split(",")))
     for name, value in settings.items():
-        environ.setdefault(name, value)
+        if name not in environ or name in supplied:
+            environ[name] = value
+            supplied.add(name)
+    if supplied:
+        environ[SUPPLIED] = ",".join(sorted(supplied))
+
+
+def choose_allocator(recompute: bool, environ: Optional[MutableMapping[str, str]] = None) -> None:
+    """TensorFlow's CPU allocator for a process that trains a model, once its configuration is
+    read and before TensorFlow starts (a value the user set wins).
+
+    The plain step keeps the caching (BFC) allocator (``TRAINING``). With ``model.recompute``
+    memory comes first: the caching allocator keeps every block it once held, and its
+    fragmentation kept 400-500 MiB beyond the live tensors at a million edges (4.21-4.34 GiB
+    peak resident set against 3.84-3.95 GiB with the system allocator, which returns large
+    blocks on free), at the same step time (``docs/performance.md``)."""
+    start({ALLOCATOR: "false" if recompute else "true"}, environ)
 
 
 def run(

@@ -169,7 +169,7 @@ def _time_step(job: dict, cores: list[int], index: int, barrier, results) -> Non
     try:
         os.sched_setaffinity(0, cores)
         from hvdtrack.bench import model, workload
-        from hvdtrack.entry import TRAINING, start
+        from hvdtrack.entry import TRAINING, choose_allocator, start
 
         start(TRAINING)
         argv = ["--threads", str(len(cores)), "--nodes", str(job["nodes"])]
@@ -178,6 +178,7 @@ def _time_step(job: dict, cores: list[int], index: int, barrier, results) -> Non
         for override in job["overrides"]:
             argv += ["--set", override]
         args = model.parse_args(argv)
+        choose_allocator(workload.run_config(args).model.recompute)
         step = workload.step_fn(
             workload.build_step(args), *workload.synthetic_graph(job["nodes"], job["edges"])
         )

@@ -81,7 +81,8 @@ def probe(args: argparse.Namespace) -> int:
     first_allocator_peak = device_peak_bytes(device)  # since the start: the first step's
     timing = None
     if args.repeats:  # the allocator's peak of a later step (else: since the start)
-        tf.config.experimental.reset_memory_stats(device)
+        if first_allocator_peak is not None:  # None: an allocator without figures (the system's)
+            tf.config.experimental.reset_memory_stats(device)
         timing = time_calls(step, 0, args.repeats)
     record = dict(
         nodes=args.nodes[0],
@@ -199,6 +200,10 @@ def _print_live(live: dict) -> None:
     """``--breakdown``: the tensors held at the allocator's peak, by shape."""
     from hvdtrack.bench.profile import shape_groups
 
+    if not live["tensors"]:
+        print(f"{'':>19}no tensors recorded: only the caching allocator records them (this step "
+              f"ran with the system allocator; TF_CPU_ALLOCATOR_USE_BFC=true to see them)")  # fmt: skip
+        return
     unsplit = live["allocated"] - live["requested"]
     print(f"{'':>19}held at the allocator's peak: {_mib(live['allocated'])} MiB in "
           f"{len(live['tensors'])} tensors ({_mib(unsplit)} MiB given beyond the requests)")  # fmt: skip

@@ -46,12 +46,13 @@ from hvdtrack.bench.workload import (
     NUM_EDGE_FEATURES,
     NUM_NODE_FEATURES,
     build_step,
+    run_config,
     step_fn,
     synthetic_graph,
     time_calls,
     write_figures,
 )
-from hvdtrack.entry import TRAINING, start
+from hvdtrack.entry import TRAINING, choose_allocator, start
 from hvdtrack.errors import HvdtrackError
 
 
@@ -61,6 +62,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Training's process settings (its allocator), before TensorFlow starts; explicit values win.
     start(TRAINING)
     try:
+        choose_allocator(run_config(args).model.recompute)
         if args.probe:
             return memory.probe(args)
         return _run(args)

@@ -14,7 +14,7 @@ import re
 import sys
 from typing import Sequence
 
-from hvdtrack.entry import run
+from hvdtrack.entry import choose_allocator, run
 
 
 def parser() -> argparse.ArgumentParser:
@@ -91,6 +91,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.print_config:
         print(json.dumps(config_to_dict(config), indent=2))
         return 0
+    choose_allocator(config.model.recompute)  # before anything imports TensorFlow
     from hvdtrack.distributed.launch import check_start, ensure_dataset
 
     check_start(config)  # launcher and strategy agree, the model fits: before anything is written

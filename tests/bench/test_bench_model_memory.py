@@ -112,7 +112,10 @@ def test_a_plot_without_its_table_or_directory_is_refused(argv, message, capsys)
 
 
 @pytest.mark.slow  # four fresh TensorFlow processes: ~40 s, more on a loaded machine
-def test_the_plot_measures_plain_and_recompute_in_fresh_processes(tmp_path, capsys):
+def test_the_plot_measures_plain_and_recompute_in_fresh_processes(tmp_path, capsys, monkeypatch):
+    # The allocator as a user's shell leaves it: each probe's model chooses (hvdtrack.entry).
+    monkeypatch.delenv("TF_CPU_ALLOCATOR_USE_BFC")
+    monkeypatch.delenv("HVDTRACK_SUPPLIED_SETTINGS", raising=False)
     png, out = tmp_path / "memory_per_edge.png", tmp_path / "memory.json"
     argv = ["--config", "tiny", "--memory", "--nodes", "50", "100", "--edges", "400", "800"]
     code = bench.main(argv + ["--repeats", "1", "--plot", str(png), "--json", str(out)])
@@ -128,4 +131,7 @@ def test_the_plot_measures_plain_and_recompute_in_fresh_processes(tmp_path, caps
     for mode, run in series.items():
         assert run["config"]["model"]["recompute"] == (mode == "recompute")
         assert [(r["nodes"], r["edges"]) for r in run["records"]] == [(50, 400), (100, 800)]
-        assert all(r["rss_growth"] > 0 and r["allocator_peak"] > 0 for r in run["records"])
+        assert all(r["rss_growth"] > 0 for r in run["records"])
+        # plain: the caching allocator and its figures; recompute: the system's, without them
+        peaks = [r["allocator_peak"] for r in run["records"]]
+        assert all(p > 0 for p in peaks) if mode == "plain" else peaks == [None, None]
