@@ -13,7 +13,10 @@ draws both in one PNG: KiB per edge (RSS growth solid, allocator peak dashed) ag
 With ``--breakdown`` each probe also lists the tensors held at the allocator's peak of a later
 step, by shape (``hvdtrack.bench.profile.live_at_peak``): what the figure is made of.
 ``--memory-budget`` bisects the edge count (nodes = edges / 8) for the largest graph whose step
-keeps the process's peak resident set within the budget. ``--json PATH`` keeps every figure
+keeps the process's peak resident set within the budget (its probes run the first step only).
+Each probe runs with training's allocator for its model (``hvdtrack.entry.choose_allocator``):
+with ``model.recompute`` the system allocator, which keeps no figures (allocator peak "-", no
+``--breakdown`` tensors) unless ``TF_CPU_ALLOCATOR_USE_BFC=true`` is set. ``--json PATH`` keeps every figure
 (with ``--plot``: ``{"series": {"plain": {config, records}, "recompute": {...}}}``).
 
 Public symbols: ``parse_bytes``, ``probe``, ``measure_memory``, ``memory_table``,
