@@ -267,7 +267,7 @@ class SegmentClassifier(snt.Module):
         # No step-invariant node terms passed through the steps ([N, 128] twice, and their
         # gradients): each step computes them again from the encoded nodes ([N, 64]).
 
-        def node_terms(x, xe, _invariant):
+        def node_terms(x, xe):
             if factorized:
                 return self._edge_update.node_terms(x, self._edge_update.node_invariant(xe))
             core = tf.concat([xe, x], axis=-1)

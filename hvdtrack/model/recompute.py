@@ -46,7 +46,7 @@ class StepParts:
     """One message-passing step as row-wise and node-wise parts (see ``SegmentClassifier``).
 
     Attributes:
-      node_terms: (x, xe, invariant) -> (R, S), [N, H] each: what the edge rows gather from the
+      node_terms: (x, xe) -> (R, S), [N, H] each: what the edge rows gather from the
         receiver and the sender (node-wise).
       edge_rows: (e, ee, R rows, S rows) -> new edge latents, for any rows of the edges.
       head_rows: new edge latents -> logits [rows], for any rows.
@@ -204,20 +204,20 @@ def recomputed_steps(
       offload: keep the boundaries in host memory between the passes.
 
     Returns:
-      steps(x, e, xe, ee, *invariant) -> [logits [E] per step (a step without output: [0])],
+      steps(x, e, xe, ee) -> [logits [E] per step (a step without output: [0])],
       from the encoded node and edge latents: x and e (the first step's input, usually xe and
-      ee themselves), xe and ee (read by every step) and the node terms every step shares.
+      ee themselves), and xe and ee, which every step reads.
     """
     graph, count = _Edges(parts, senders, receivers, chunk), len(outputs)
     groups = [range(first, min(first + every, count)) for first in range(0, count, every)]
 
     @tf.custom_gradient
-    def steps(x, e, xe, ee, *invariant):
+    def steps(x, e, xe, ee):
         device, kept, logits = x.device, [], []
         for j, output in enumerate(outputs):
             if j % every == 0:
                 kept.append(tuple(_to_host(t) for t in (x, e)) if offload else (x, e))
-            x, e, step_logits = _forward(graph, x, e, xe, ee, invariant, output, j == count - 1)
+            x, e, step_logits = _forward(graph, x, e, xe, ee, output, j == count - 1)
             logits.append(step_logits)
 
         def grad(*g_logits, variables=None):
@@ -231,7 +231,7 @@ def recomputed_steps(
             # The gradients of the step being taken: of its new nodes and edges, of the shared
             # inputs (summed over the later steps); the sums of its new edges per node.
             g_nodes = g_edges = None
-            g_shared = [None] * (2 + len(invariant))
+            g_shared = [None, None]
             sums, g_vars = None, [tf.zeros_like(v) for v in variables]
             for group, (x, e) in reversed(list(zip(groups, kept))):
                 # Each group, and each step in it, waits for the gradients of the step after
@@ -243,14 +243,14 @@ def recomputed_steps(
                     x, e = (_to_device(t, device) for t in (x, e)) if offload else (x, e)
                     boundaries = [(x, e)]
                     for _ in group[1:]:  # the inner boundaries, again
-                        x, e, _ = _forward(graph, x, e, xe, ee, invariant, False, False)
+                        x, e, _ = _forward(graph, x, e, xe, ee, False, False)
                         boundaries.append((x, e))
                 for j in reversed(group):
                     (x, e), step = boundaries[j - group[0]], (outputs[j], j == count - 1)
                     g_in = [g_nodes, g_edges, *g_shared]
                     with _after(g_nodes, g_edges, *g_vars):
                         (g_nodes, g_edges, *g_shared), g_step, sums = _backward(
-                            graph, x, e, sums, xe, ee, invariant, variables, step, g_in,
+                            graph, x, e, sums, xe, ee, variables, step, g_in,
                             g_logits[j], own=j > 0,
                         )  # fmt: skip
                     g_vars = [a + b for a, b in zip(g_vars, g_step)]
@@ -262,11 +262,11 @@ def recomputed_steps(
     return lambda *inputs: list(steps(*inputs))
 
 
-def _forward(graph: _Edges, x, e, xe, ee, invariant, output: bool, final: bool):
+def _forward(graph: _Edges, x, e, xe, ee, output: bool, final: bool):
     """One step, edges in chunks: (new node latents (None when ``final``), new edge latents,
     logits [E] (``output``; else [0]))."""
     parts, receivers, senders = graph.parts, graph.receivers, graph.senders
-    r, s = parts.node_terms(x, xe, invariant)
+    r, s = parts.node_terms(x, xe)
 
     def edge_chunk(e_c, ee_c, recv_c, send_c):
         new = parts.edge_rows(e_c, ee_c, tf.gather(r, recv_c), tf.gather(s, send_c))
@@ -283,23 +283,21 @@ def _forward(graph: _Edges, x, e, xe, ee, invariant, output: bool, final: bool):
     return new_nodes, new_edges, logits[0] if output else tf.zeros([0], new_edges.dtype)
 
 
-def _backward(
-    graph: _Edges, x, e, sums, xe, ee, invariant, variables, step, g_in, g_logits, own: bool
-):
+def _backward(graph: _Edges, x, e, sums, xe, ee, variables, step, g_in, g_logits, own: bool):
     """The gradients of one step from its boundaries (x, e), the per-node ``sums`` (received,
     sent) of its new edges (None for the final step) and the gradients of its outputs ``g_in``
-    = [new nodes, new edges, xe, ee, *invariant], each None for none (the shared inputs' are
+    = [new nodes, new edges, xe, ee], each None for none (the shared inputs' are
     sums over the later steps).
 
     ``own``: ``e`` was made by the caller's forward pass and nothing reads it after this step:
     its per-node sums are taken first (the previous step's ``sums``), then its buffer takes
     its gradients, chunk by chunk.
 
-    Returns ([x, e, xe, ee, *invariant] gradients, variable gradients, the sums of ``e`` per
+    Returns ([x, e, xe, ee] gradients, variable gradients, the sums of ``e`` per
     node (``own``; else None)).
     """
     output, final = step
-    g_nodes, g_edges, g_xe_later, g_ee, *g_invariant = g_in
+    g_nodes, g_edges, g_xe_later, g_ee = g_in
     parts, receivers, senders, chunk = graph.parts, graph.receivers, graph.senders, graph.chunk
     num_nodes = tf.shape(x)[0]
     # Tensors of their own (the first step's x is xe): a tape's gradient with respect to one
@@ -320,8 +318,8 @@ def _backward(
         g_xe += g_xe_own
     # The node terms the edge rows gather: their gradients are summed over the chunks.
     with tf.GradientTape() as terms_tape:
-        terms_tape.watch([x, own_xe, *invariant])
-        r, s = parts.node_terms(x, own_xe, invariant)
+        terms_tape.watch([x, own_xe])
+        r, s = parts.node_terms(x, own_xe)
     input_sums = None
     if own:
         input_sums = (segment_sum(e, receivers, num_nodes), segment_sum(e, senders, num_nodes))
@@ -373,15 +371,14 @@ def _backward(
         _buffer(total, ee) if g_ee is None else g_ee,
     )
     g_r, g_s, g_vars, g_e_out, g_ee_out = _loop(_chunks(total, chunk), body, state)
-    terms = terms_tape.gradient([r, s], [x, own_xe, *invariant, *variables], [g_r, g_s], ZERO)
+    terms = terms_tape.gradient([r, s], [x, own_xe, *variables], [g_r, g_s], ZERO)
     g_inputs = [
         g_x + terms[0],
         g_e_out,
         g_xe + terms[1],
         g_ee_out,
-        *(_or_zeros(g, t) + d for g, t, d in zip(g_invariant, invariant, terms[2:])),
     ]
-    return g_inputs, [a + b for a, b in zip(g_vars, terms[2 + len(invariant) :])], input_sums
+    return g_inputs, [a + b for a, b in zip(g_vars, terms[2:])], input_sums
 
 
 def _after(*tensors: Optional[tf.Tensor]):
