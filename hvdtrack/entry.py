@@ -64,7 +64,8 @@ def choose_allocator(recompute: bool, environ: Optional[MutableMapping[str, str]
     memory comes first: the caching allocator keeps every block it once held, and its
     fragmentation kept 400-500 MiB beyond the live tensors at a million edges (4.21-4.34 GiB
     peak resident set against 3.84-3.95 GiB with the system allocator, which returns large
-    blocks on free), at the same step time (``docs/performance.md``)."""
+    blocks on free), at the same step time there; about 5% slower at 160,000 edges
+    (``docs/performance.md``)."""
     start({ALLOCATOR: "false" if recompute else "true"}, environ)
 
 

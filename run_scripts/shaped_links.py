@@ -2,6 +2,7 @@
 
     .venv/bin/python run_scripts/shaped_links.py            # N = 2, 4, 8; bare, 1 and 10 Gbit/s
     .venv/bin/python run_scripts/shaped_links.py --ns 2,4 --rates none,1gbit --repeats 20
+    .venv/bin/python run_scripts/shaped_links.py --rates none,100mbit,1gbit  # the exchange dominates
     .venv/bin/python run_scripts/shaped_links.py --gradient-bytes 16777216 --json out.json
 
 As root: starts max(N) hosts with run_scripts/test_hosts.sh (network namespaces, an sshd each)
@@ -52,7 +53,7 @@ HOSTS_DIR = Path(os.environ.get("HVDTRACK_HOSTS_DIR", "/tmp/hvdtrack-hosts"))
 LOCK = HOSTS_DIR.with_name(HOSTS_DIR.name + ".lock")  # the one tests/hosts.py uses
 INTERFACE = "hvdt0"  # inside every host's namespace (test_hosts.sh)
 RUN_JSON = REPO / "runs/default/run.json"
-RATES_GBIT = {"none": math.inf, "1gbit": 1.0, "10gbit": 10.0}  # none: the bare veth
+RATES_GBIT = {"none": math.inf, "100mbit": 0.1, "1gbit": 1.0, "10gbit": 10.0}  # none: bare veth
 
 
 def worker(out_dir: str, num_bytes: int, warmup: int, repeats: int) -> None:

@@ -368,9 +368,14 @@ def test_only_the_command_line_imports_the_command_line():
 
 
 def python(code: str) -> dict:
-    """Runs ``code`` in a fresh interpreter without TensorFlow variables in its environment
-    (so a default that something sets shows); returns the JSON it prints last."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+    """Runs ``code`` in a fresh interpreter without TensorFlow variables in its environment, nor
+    the record of settings a command supplied (left by a test that ran a command in this
+    process), so a default that something sets shows; returns the JSON it prints last."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TF_") and k != "HVDTRACK_SUPPLIED_SETTINGS"
+    }
     result = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
