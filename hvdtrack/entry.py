@@ -17,6 +17,7 @@ from hvdtrack.errors import HvdtrackError
 # TensorFlow reads these when it starts (the log level at import, the allocator when it first
 # makes a CPU device), so a command applies them before it imports TensorFlow. An explicit
 # setting in the environment wins.
+ALLOCATOR = "TF_CPU_ALLOCATOR_USE_BFC"  # TensorFlow's caching (BFC) CPU allocator: true/false
 QUIET: Mapping[str, str] = {
     # TensorFlow prints INFO banners from C++ at import; keep warnings and errors.
     "TF_CPP_MIN_LOG_LEVEL": "1",
@@ -27,7 +28,7 @@ TRAINING: Mapping[str, str] = {
     # ~10^5 edges that costs ~10^6 page faults per step (a third of it). The caching (BFC)
     # allocator keeps them: 1.3-1.6x faster steps (measured when the bench still compared both).
     # With model.recompute the system allocator instead (``choose_allocator``).
-    "TF_CPU_ALLOCATOR_USE_BFC": "true",
+    ALLOCATOR: "true",
     # Same seed, same weights: with TensorFlow's oneDNN kernels a process of a 2-rank job
     # computed one of two different gradients for the same batch and weights (the kernels' order
     # varies from process to process), so repeated runs parted. Without them every process
@@ -35,7 +36,6 @@ TRAINING: Mapping[str, str] = {
     "TF_ENABLE_ONEDNN_OPTS": "0",
 }
 
-ALLOCATOR = "TF_CPU_ALLOCATOR_USE_BFC"
 # The names of the settings in the environment that a command supplied, not its user: a child
 # process (a memory probe, a rank) may still choose them for itself.
 SUPPLIED = "HVDTRACK_SUPPLIED_SETTINGS"
