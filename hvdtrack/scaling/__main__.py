@@ -38,6 +38,21 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="runs of one config, N=1 too")
     runs.add_argument("--mode", choices=("strong", "weak"), help="default: from the batches")
     runs.add_argument("--measured-network", default="shared-memory", choices=NETWORKS)
+    runs.add_argument(
+        "--ceiling",
+        default="",
+        metavar="R=C,...",
+        help="contention ceiling C (bench distributed's t_alone / t_concurrent) with R ranks per "
+        "host, e.g. 2=0.85; default: 1.0 (no contention)",
+    )
+    runs.add_argument(
+        "--fit-also",
+        nargs="+",
+        default=[],
+        metavar="RUN_DIR",
+        help="more single-worker runs of the same model with another batch (a weak sweep's N=1): "
+        "their steps join the fit of the fixed and per-edge cost",
+    )
 
     def command(name, text, **kwargs):
         return sub.add_parser(name, help=text, description=text, **kwargs)
@@ -82,22 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--latency-us", type=float, help="per-message latency, microseconds")
     pred.add_argument("--ns", default="8,16,32,64,128,256,512,1024", help="worker counts")
     pred.add_argument(
-        "--ceiling",
-        default="",
-        metavar="R=C,...",
-        help="contention ceiling C (bench distributed's t_alone / t_concurrent) with R ranks per "
-        "host, e.g. 2=0.85; default: 1.0 (no contention)",
-    )
-    pred.add_argument(
         "--ranks-per-host", type=int, default=1, help="of the predicted machine (its ceiling)"
-    )
-    pred.add_argument(
-        "--fit-also",
-        nargs="+",
-        default=[],
-        metavar="RUN_DIR",
-        help="more single-worker runs of the same model with another batch (a weak sweep's N=1): "
-        "their steps join the fit of the fixed and per-edge cost",
     )
 
     energy = command("energy", "which power counters this machine exposes")
@@ -141,7 +141,8 @@ def _report(args: argparse.Namespace) -> None:
         print(f"{path.read_text()}\nwritten: {path} and {path.with_suffix('.json')}")
         return
     given = _given(args, "price_per_device_hour", "device_power_watts")
-    result = report.build_report(args.run_dirs, args.mode, args.measured_network, given)
+    result = report.build_report(args.run_dirs, args.mode, args.measured_network, given,
+                                 ceilings=_ceilings(args.ceiling), fit_also=args.fit_also)  # fmt: skip
     out = args.out or Path(args.run_dirs[0]).absolute().parent / f"report-{result.mode}"
     paths = report.write_report(result, out)
     print(f"{paths['md'].read_text()}\nwrote {', '.join(map(str, paths.values()))}")

@@ -15,9 +15,9 @@ step of N workers, fed by the N=1 run's measured steps (``baseline_inputs`` -> `
   non-warm-up steps of the step without exchange (``total_s - exchange_s``: compute and data
   wait) on the step's edges E. Strong scaling: E_N = mean(E) / N; weak: E_N = mean(E).
 - straggler(N): a synchronous step waits for its slowest rank. E[max over N ranks] - mean of
-  per-rank work b e + r, drawn from the N=1 steps (``straggler_wait``): e the rank's share of
-  a step's edges, r the step's residual of the fit; the expected maximum is exact over the
-  empirical distribution (``expected_max``), so the figure is deterministic.
+  per-rank work b e + r (``straggler_wait``): e the rank's share of an N=1 step's edges, r a
+  step-to-step change of the fit's residuals (drift is common to all ranks: no straggler),
+  exact over the empirical distributions (``expected_max``), so the figure is deterministic.
 - ceiling (0, 1]: t_alone / t_concurrent when ranks share a host (``bench distributed``'s
   "ceiling"); 1.0 unless given.
 - cycle: Horovod's background loop picks up the gradients on average half a cycle after they are
@@ -76,14 +76,7 @@ def step_times(run: Run, field: str = "total_s") -> np.ndarray:
     (epoch, step); DataError naming the run when there is none."""
     if field not in STEP_FIELDS:
         raise ValueError(f"field must be one of {', '.join(STEP_FIELDS)}, got {field!r}")
-    steps = _slowest_steps(run)
-    times = steps[~steps["warmup"]][field].to_numpy(dtype=np.float64)
-    if times.size == 0:
-        raise DataError(
-            f"{run.path}: no non-warm-up steps in timing.jsonl (N={run.num_workers}); run more "
-            "steps than scaling.timing_warmup_steps"
-        )
-    return times
+    return _timed_steps(run)[field].to_numpy(dtype=np.float64)
 
 
 def epoch_step_time(run: Run, warmup_epochs: int = 1) -> float:
@@ -143,11 +136,9 @@ class NetworkModel:
     note: str = ""
 
 
-# shared-memory: least squares of the ring model to Horovod 0.28.1 Gloo allreduces between 2
-# ranks on this 2-core VM (eager hvd.allreduce of 4 KiB, 64 KiB, 1, 4, 16 MiB, median of 10:
-# 4.33, 4.02, 5.97, 11.9, 30.3 ms). Its "latency" is mostly eager dispatch and the default 1 ms
-# cycle (whose half the model now also adds as ``cycle_wait``: 0.5 ms counted twice at most),
-# not the wire. (MPI on 2 shared cores was noisier.)
+# shared-memory: the ring model fitted to Horovod 0.28.1 Gloo allreduces of 2 ranks on this
+# 2-core VM (eager, 4 KiB-16 MiB, median of 10: 4.33-30.3 ms); its "latency" is mostly eager
+# dispatch and the 1 ms cycle (whose half ``cycle_wait`` adds again), not the wire.
 PRESETS: dict[str, NetworkModel] = {
     net.name: net
     for net in (
@@ -277,16 +268,17 @@ def expected_max(values: Sequence[float] | np.ndarray, n: int) -> float:
 
 
 def straggler_wait(model: StepModel, n: int, mode: str) -> float:
-    """Seconds the slowest of ``n`` ranks adds to the mean rank's step: E[max] - mean of the
-    per-rank work ``expected_max`` draws from. Each N=1 step k gives one draw: b * e_k + r_k,
-    with e_k the rank's edges and r_k the step's residual. Weak scaling: e_k = E_k, the N=1
-    step's edges. Strong: the rank holds 1/n of the batch; a sum of G/n graphs has the mean
-    share and sqrt(1/n) of the G graphs' spread, so e_k = mean(E)/n + (E_k - mean(E))/sqrt(n)
-    (assumes the global batch G >= n)."""
+    """Seconds the slowest of ``n`` ranks adds to the mean rank's step: E[max] - mean of work
+    b * e + r over every pair of an N=1 step's e and a noise r. Weak scaling: e = E_k, the
+    step's edges; strong: a rank's G/n graphs have the mean share and sqrt(1/n) of the G
+    graphs' spread, e = mean(E)/n + (E_k - mean(E))/sqrt(n) (global batch G >= n). Noise: the
+    residuals' successive differences / sqrt(2), their step-to-step spread without a drift of
+    the machine's speed, which all ranks share."""
     edges, residuals = np.asarray(model.edges), np.asarray(model.residuals_s)
     if mode == "strong":
         edges = edges.mean() / n + (edges - edges.mean()) / math.sqrt(n)
-    work = model.per_edge_s * edges + residuals
+    noise = np.diff(residuals) / math.sqrt(2) if residuals.size > 1 else np.zeros(1)
+    work = np.add.outer(_quantiles(model.per_edge_s * edges), _quantiles(noise))
     return expected_max(work, n) - float(work.mean())
 
 
@@ -363,9 +355,8 @@ def baseline_inputs(run: Run, also: Sequence[Run] = ()) -> StepModel:
             f"{run.path}/run.json has neither 'gradient_bytes' nor 'num_params': "
             "cannot size the allreduce"
         )
-    cycle_ms = ((run.info.get("config") or {}).get("distributed") or {}).get(
-        "horovod_cycle_time_ms"
-    )
+    distributed = (run.info.get("config") or {}).get("distributed") or {}
+    cycle_ms = distributed.get("horovod_cycle_time_ms")
     if run.info.get("strategy") not in (None, "horovod"):
         cycle_s = 0.0
         notes.append(f"no Horovod cycle: the runs used strategy '{run.info['strategy']}'")
@@ -419,16 +410,15 @@ def validate_against(
 def _step_work(run: Run) -> tuple[np.ndarray, np.ndarray, float]:
     """(edges, seconds without exchange) of the run's non-warm-up steps (slowest rank), and
     their median exchange."""
-    steps = _slowest_steps(run)
-    steps = steps[~steps["warmup"]]
-    if steps.empty:
-        raise DataError(
-            f"{run.path}: no non-warm-up steps in timing.jsonl (N={run.num_workers}); run more "
-            "steps than scaling.timing_warmup_steps"
-        )
+    steps = _timed_steps(run)
     edges = steps["edges"].to_numpy(dtype=np.float64)
     work = (steps["total_s"] - steps["exchange_s"]).to_numpy(dtype=np.float64)
     return edges, work, float(steps["exchange_s"].median())
+
+
+def _quantiles(x: np.ndarray, most: int = 1000) -> np.ndarray:
+    """``x``, or ``most`` evenly spaced quantiles of it when it has more values."""
+    return x if x.size <= most else np.quantile(x, np.linspace(0.0, 1.0, most))
 
 
 def _frame(records: Sequence[object], kind: type) -> pd.DataFrame:
@@ -443,6 +433,18 @@ def _slowest_steps(run: Run) -> pd.DataFrame:
     return steps.groupby(["epoch", "step"]).agg(
         {**dict.fromkeys(STEP_FIELDS, "max"), "edges": "sum", "warmup": "any"}
     )
+
+
+def _timed_steps(run: Run) -> pd.DataFrame:
+    """``_slowest_steps`` but the warm-up ones; DataError naming the run when none is left."""
+    steps = _slowest_steps(run)
+    steps = steps[~steps["warmup"]]
+    if steps.empty:
+        raise DataError(
+            f"{run.path}: no non-warm-up steps in timing.jsonl (N={run.num_workers}); run more "
+            "steps than scaling.timing_warmup_steps"
+        )
+    return steps
 
 
 def _whole_epochs(run: Run) -> pd.DataFrame:
@@ -491,10 +493,8 @@ def _measured_straggler(run: Run) -> float:
     ranks' mean."""
     steps = _frame(run.steps, StepTiming).astype({"warmup": bool})
     steps["work"] = steps["total_s"] - steps["exchange_s"]
-    per_step = steps.groupby(["epoch", "step"]).agg(work_max=("work", "max"),
-                                                    work_mean=("work", "mean"),
-                                                    warmup=("warmup", "any"))  # fmt: skip
-    per_step = per_step[~per_step["warmup"]]
-    if per_step.empty:
+    steps = steps[~steps.groupby(["epoch", "step"])["warmup"].transform("any")]
+    if steps.empty:
         return float("nan")
-    return float((per_step["work_max"] - per_step["work_mean"]).median())
+    work = steps.groupby(["epoch", "step"])["work"]
+    return float((work.max() - work.mean()).median())

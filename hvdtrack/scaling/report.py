@@ -352,6 +352,8 @@ def _prediction(
     try:
         model = maths.baseline_inputs(runs[0], also)
     except DataError as err:
+        if also:  # asked for a fit with more runs: that it cannot be made is an error
+            raise
         notes.append(f"no prediction beyond this machine: {err}")
         return None, []
     notes += list(model.notes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -20,6 +21,8 @@ TEN_GB_S = NetworkModel("test", 80.0, 0.0)  # 10 GB/s, no latency
 # chosen orthogonal to [1, edges], so least squares gives a = 0.1, b = 1e-4 exactly.
 EDGES = [1000, 2000, 3000, 4000]
 SECONDS = [0.21, 0.29, 0.39, 0.51]
+# Their straggler wait at N = 2, strong scaling (test_straggler_strong_draws_shares_of_the_batch).
+STRAGGLER_2 = 9.32 / (144 * math.sqrt(2))
 
 
 def write_steps(
@@ -168,15 +171,32 @@ def test_constant_edges_take_all_compute_as_shrinking(tmp_path):
 
 def test_straggler_strong_draws_shares_of_the_batch(tmp_path):
     model = baseline(tmp_path)
-    # N=2: share e_k = 1250 + (E_k - 2500) / sqrt(2); work deviations b (E_k - 2500) / sqrt(2)
-    # + r_k = -0.0960660, -0.0453553, +0.0253553, +0.1160660; E[max of 2] weights
-    # 1/16, 3/16, 5/16, 7/16 -> 0.7071068 / 16.
-    assert maths.straggler_wait(model, 2, "strong") == pytest.approx(0.7071068 / 16)
+    # N=2: share e_k = 1250 + (E_k - 2500) / sqrt(2); b (e_k - 1250) = -15, -5, 5, 15 in units
+    # of 0.01 / sqrt(2). Noise: the residuals' successive differences / sqrt(2) = -2, 0, 2 units.
+    # Every pair: -17, -15, -13, -7, -5, -3, 3, 5, 7, 13, 15, 17; E[max of 2] - mean, with the
+    # weights (2i - 1) / 144 of the sorted twelve -> 932 units / 144.
+    assert maths.straggler_wait(model, 2, "strong") == pytest.approx(STRAGGLER_2)
     assert maths.straggler_wait(model, 1, "strong") == pytest.approx(0.0)
-    # Weak: the N=1 steps' own work, deviations -0.14, -0.06, +0.04, +0.16.
-    assert maths.straggler_wait(model, 2, "weak") == pytest.approx(
-        (-0.14 * 1 - 0.06 * 3 + 0.04 * 5 + 0.16 * 7) / 16
-    )
+    # Weak: the N=1 steps' own edges, b (E_k - 2500) = -0.15, -0.05, 0.05, 0.15 s, plus the noise
+    # -0.02 / sqrt(2), 0, 0.02 / sqrt(2): the sorted twelve weighted as above.
+    d = 0.02 / math.sqrt(2)
+    weak = sorted(e + r for e in (-0.15, -0.05, 0.05, 0.15) for r in (-d, 0.0, d))
+    expected = sum(x * (2 * i + 1) for i, x in enumerate(weak)) / 144
+    assert maths.straggler_wait(model, 2, "weak") == pytest.approx(expected)
+    assert expected == pytest.approx(0.0640713)
+
+
+def test_a_drift_all_ranks_share_makes_no_straggler():
+    # Equal steps whose time drifts by 0.1 s a step: the ranks of one step drift together.
+    drifting = StepModel(0.1, 1e-4, (2000,) * 4, (-0.15, -0.05, 0.05, 0.15), 4_000_000)
+    assert maths.straggler_wait(drifting, 2, "weak") == pytest.approx(0.0)
+    assert maths.straggler_wait(drifting, 8, "strong") == pytest.approx(0.0)
+    # The same steps in another order: the noise from step to step is real.
+    jumping = dataclasses.replace(drifting, residuals_s=(-0.15, 0.15, -0.05, 0.05))
+    assert maths.straggler_wait(jumping, 2, "weak") > 0.05
+    # One step: no step-to-step spread to draw from.
+    one = StepModel(0.1, 1e-4, (2000,), (0.0,), 4_000_000)
+    assert maths.straggler_wait(one, 2, "weak") == 0.0
 
 
 def test_prediction_terms_literal(tmp_path):
@@ -192,16 +212,16 @@ def test_prediction_terms_literal(tmp_path):
     )
     assert two.compute_s == pytest.approx(0.125)  # 1e-4 s/edge x 2500 / 2
     assert two.fixed_s == pytest.approx(0.1)
-    assert two.straggler_s == pytest.approx(0.7071068 / 16)
+    assert two.straggler_s == pytest.approx(STRAGGLER_2)
     assert two.cycle_s == pytest.approx(0.010)
     assert two.allreduce_s == pytest.approx(4e-4)  # 4 MB at 10 GB/s
-    step = 0.125 + 0.1 + 0.7071068 / 16 + 0.010 + 4e-4
+    step = 0.125 + 0.1 + STRAGGLER_2 + 0.010 + 4e-4
     assert two.step_s == pytest.approx(step)
     assert two.efficiency == pytest.approx(0.36 / (2 * step))
     # Ranks that share a host at ceiling 0.8: compute, fixed and straggler 1.25 times longer.
     (slow,) = maths.predict_scaling(model, TEN_GB_S, "strong", ns=(2,), ceiling=0.8)
     assert slow.compute_s == pytest.approx(0.125 / 0.8)
-    assert slow.straggler_s == pytest.approx(0.7071068 / 16 / 0.8)
+    assert slow.straggler_s == pytest.approx(STRAGGLER_2 / 0.8)
     assert (slow.cycle_s, slow.allreduce_s) == (two.cycle_s, two.allreduce_s)
     (weak,) = maths.predict_scaling(model, TEN_GB_S, "weak", ns=(2,))
     assert weak.compute_s == pytest.approx(0.25) and weak.fixed_s == pytest.approx(0.1)
@@ -237,14 +257,14 @@ def test_validation_shows_each_term_and_what_was_measured(tmp_path):
     assert v.measured_straggler_s == pytest.approx(0.02)  # 0.29 - mean(0.25, 0.29)
     # t1 measured: the median N=1 step (0.29 + 0.39) / 2 = 0.34.
     assert v.measured_efficiency == pytest.approx(0.34 / 0.62)
-    step = (0.125 + 0.1 + 0.7071068 / 16) / 0.8 + 0.010 + 4e-4
+    step = (0.125 + 0.1 + STRAGGLER_2) / 0.8 + 0.010 + 4e-4
     assert v.predicted_step_s == pytest.approx(step)
     assert v.predicted_efficiency == pytest.approx(0.36 / (2 * step))
     assert v.relative_error == pytest.approx(0.36 / (2 * step) / (0.34 / 0.62) - 1)
     text = v.describe()
-    assert text.startswith("N=2 (test): predicted efficiency 0.519, measured 0.548, error -5.4%")
+    assert text.startswith("N=2 (test): predicted efficiency 0.516, measured 0.548, error -5.9%")
     assert (
-        "= compute 156.25 + fixed 125.00 + straggler 55.24 + cycle 10.00 + allreduce 0.40 ms"
+        "= compute 156.25 + fixed 125.00 + straggler 57.21 + cycle 10.00 + allreduce 0.40 ms"
         in (text)
     )
     assert text.endswith("310.00 ms measured, of which exchange 60.00 ms, straggler 20.00 ms)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -175,3 +176,21 @@ def test_report_price_override(strong_runs, tmp_path, capsys):
         == 2
     )
     assert "hvdtrack: error: 'price_per_device_hour' must be >= 0" in capsys.readouterr().err
+
+
+def test_report_takes_the_ceiling_and_more_runs_for_the_fit(strong_runs, tmp_path, capsys):
+    def validation(*flags: str) -> dict:
+        out = tmp_path / "-".join(flags or ("plain",))
+        assert main(["report", *map(str, strong_runs), "--out", str(out), *flags]) == 0
+        capsys.readouterr()
+        data = json.loads((out / "scaling.json").read_text())
+        return {v["n"]: v for v in data["validation"]}
+
+    plain = validation()
+    # The runs record no ranks per host: one each, so the ceiling for 1 applies to them.
+    slow = validation("--ceiling", "1=0.5")
+    assert slow[2]["predicted_compute_s"] == pytest.approx(2 * plain[2]["predicted_compute_s"])
+    assert slow[2]["measured_step_s"] == plain[2]["measured_step_s"]
+    # A run of N > 1 cannot join the fit of the single-worker step.
+    assert main(["report", *map(str, strong_runs), "--fit-also", str(strong_runs[1])]) == 2
+    assert "only single-worker runs can join the fit" in capsys.readouterr().err
