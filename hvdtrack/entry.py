@@ -64,8 +64,10 @@ def choose_allocator(recompute: bool, environ: Optional[MutableMapping[str, str]
     memory comes first: the caching allocator keeps every block it once held, and its
     fragmentation kept 400-500 MiB beyond the live tensors at a million edges (4.21-4.34 GiB
     peak resident set against 3.84-3.95 GiB with the system allocator, which returns large
-    blocks on free), at the same step time there; about 5% slower at 160,000 edges
-    (``docs/performance.md``)."""
+    blocks on free), at the same step time there on one thread; about 5% slower at 160,000
+    edges, and 1.41x slower on two threads at 1.14M edges, where every step faults in its large
+    buffers afresh (``docs/performance.md``): set ``TF_CPU_ALLOCATOR_USE_BFC=true`` for speed
+    when the graph fits that way."""
     start({ALLOCATOR: "false" if recompute else "true"}, environ)
 
 
