@@ -16,7 +16,9 @@ themselves (``timing.jsonl``). With every epoch accounted for, the two agree.
 Each efficiency is also stated against this machine's ceiling for 2 ranks (``bench ceiling``: a
 rank's step, G/2 mean graphs of the training split, alone and twice at once, one per core):
 efficiency / ceiling is the share of what the hardware allows that the strategy reaches, the
-figure to compare between machines.
+figure to compare between machines. Beside it, the contention the Horovod runs met themselves:
+np1's compute per edge over np2's (median over every rank's steps), which is what the ceiling
+estimates; it cannot stand in for the ceiling in a prediction of np2, being measured on np2.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
+
+import numpy as np
 
 from hvdtrack.bench.ceiling import Ceiling, measure_ceiling, rank_share
 from hvdtrack.config import load_config, resolve_config_path
@@ -145,7 +149,16 @@ def measure(args: argparse.Namespace, runs: dict[str, Run]) -> dict:
         "horovod_overhead_epoch": (epoch["np1"] - epoch["local"]) / epoch["local"],
         "horovod_overhead_step": (step["np1"] - step["local"]) / step["local"],
         "epoch_step_sum_s": {name: maths.epoch_step_time(run) for name, run in runs.items()},
+        "compute_per_edge_s": {name: compute_per_edge(run) for name, run in runs.items()},
     }
+
+
+def compute_per_edge(run: Run) -> float:
+    """Median over every rank's non-warm-up steps of the step's compute seconds per edge."""
+    values = [s.compute_s / s.edges for s in run.steps if not s.warmup and s.edges > 0]
+    if not values:
+        raise DataError(f"{run.path}: no non-warm-up step with edges in timing.jsonl")
+    return float(np.median(values))
 
 
 def table_lines(args: argparse.Namespace, figures: dict) -> list[str]:
@@ -199,6 +212,12 @@ def efficiency_lines(figures: dict) -> list[str]:
             f"{', '.join(f'{1e3 * max(t):.0f}' for t in together)} ms two at once, in turn "
             f"-> t_alone/t_together {ceiling:.3f} (median of {len(alone)})"
         )
+    per_edge = figures["compute_per_edge_s"]
+    figures["horovod_own_contention"] = own = per_edge["np1"] / per_edge["np2"]
+    lines.append(
+        f"  the Horovod ranks' own contention: np1's compute per edge / np2's {own:.3f} "
+        f"({1e6 * per_edge['np1']:.3f} / {1e6 * per_edge['np2']:.3f} us, median steps)"
+    )
     for strategy, one, two in STRATEGIES:
         on_epochs = maths.efficiency("strong", epoch[one], epoch[two], 2)
         on_sums = maths.efficiency("strong", sums[one], sums[two], 2)

@@ -54,10 +54,16 @@ def test_report_only_computes_the_figures_of_the_runs_in_out(tmp_path, capsys):
         "  ceiling for 2 ranks here: a rank's step (8000 nodes, 22000 edges) 400 ms alone, "
         "450 ms two at once, in turn -> t_alone/t_together 0.889 (median of 1)"
     )
-    assert lines[9].startswith("  horovod strong-scaling efficiency t1/(2*t2): 0.886 on epochs")
-    assert lines[9].endswith("; 0.996 of the ceiling on epochs")
-    assert lines[10].startswith("  mirrored strong-scaling efficiency t1/(2*t2): 0.773 on epochs")
-    assert lines[11] == "  Horovod overhead on one rank: +8.0% on epochs (+0.0% on steps)"
+    # Compute per edge: the steps after the 2 warm-up ones take 0.62, 0.60, 0.61, 0.63 s, less
+    # 0.01 s of data: median 0.605 s over 200 edges (np1, 2 graphs a step), over 100 (np2).
+    assert lines[9] == (
+        "  the Horovod ranks' own contention: np1's compute per edge / np2's 0.500 "
+        "(3025.000 / 6050.000 us, median steps)"
+    )
+    assert lines[10].startswith("  horovod strong-scaling efficiency t1/(2*t2): 0.886 on epochs")
+    assert lines[10].endswith("; 0.996 of the ceiling on epochs")
+    assert lines[11].startswith("  mirrored strong-scaling efficiency t1/(2*t2): 0.773 on epochs")
+    assert lines[12] == "  Horovod overhead on one rank: +8.0% on epochs (+0.0% on steps)"
     figures = json.loads((tmp_path / "f.json").read_text())
     assert list(figures)[:9] == [
         "config", "global_batch_graphs", "epochs", "epoch_s", "median_step_s",
@@ -67,6 +73,8 @@ def test_report_only_computes_the_figures_of_the_runs_in_out(tmp_path, capsys):
     assert figures["horovod_strong_efficiency_epoch"] == pytest.approx(13.55 / (2 * 7.65))
     assert figures["mirrored_strong_efficiency_epoch"] == pytest.approx(12.6 / (2 * 8.15))
     assert figures["horovod_of_ceiling_epoch"] == pytest.approx(13.55 / (2 * 7.65) / (0.40 / 0.45))
+    assert figures["compute_per_edge_s"]["np2"] == pytest.approx(0.00605)
+    assert figures["horovod_own_contention"] == pytest.approx(0.5)
 
 
 def test_report_only_without_a_measured_ceiling_says_so(tmp_path):
