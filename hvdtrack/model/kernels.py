@@ -1,8 +1,9 @@
 """The model's C++ CPU kernel library: built, cached and loaded, with the switch to TensorFlow ops.
 
 One library holds the fused kernels (``SOURCES``): ``layer_norm.cc`` (``HvdtrackLayerNorm``,
-``HvdtrackLayerNormGrad``, used by ``norm.LayerNorm``) and ``segment_sum.cc``
-(``HvdtrackSegmentSum``, used by ``classifier.segment_sum``). Each gives the same result at any
+``HvdtrackLayerNormGrad``, used by ``norm.LayerNorm``), ``segment_sum.cc``
+(``HvdtrackSegmentSum``, ``HvdtrackSegmentAdd``, used by ``segments.segment_sum`` and
+``segment_add``) and ``gather_sum.cc`` (``HvdtrackGatherSum``, used by ``segments.gather_sum``). Each gives the same result at any
 number of intra-op threads. It is compiled on first use against the installed TensorFlow's
 headers and cached (``run_scripts/install.sh`` builds it ahead with ``build_kernel()``).
 ``fused_kernels()`` is None, and its users run the same maths in TensorFlow ops, on GPUs (the
@@ -34,7 +35,9 @@ import tensorflow as tf
 
 log = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("layer_norm.cc", "segment_sum.cc"))
+SOURCES = tuple(
+    Path(__file__).with_name(name) for name in ("layer_norm.cc", "segment_sum.cc", "gather_sum.cc")
+)
 BUILD_TIMEOUT_S = 300
 # Baseline x86-64 code (no -march=native): a cache in a home directory shared by nodes of
 # different CPUs must load on every one of them; the kernels are memory-bound anyway.

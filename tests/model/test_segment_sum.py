@@ -276,28 +276,3 @@ def test_the_model_agrees_with_and_without_the_kernel_library(tmp_path):
     assert sorted(fused) == sorted(ops) and len(fused) > 10
     for key in fused:
         np.testing.assert_allclose(fused[key], ops[key], rtol=1e-4, atol=2e-5, err_msg=key)
-
-
-def test_gather_rows_gathers_and_its_gradient_sums_per_row():
-    params = tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
-    indices = tf.constant([2, 0, 2], tf.int32)
-    with tf.GradientTape() as tape:
-        tape.watch(params)
-        rows = segments_module.gather_rows(params, indices)
-        loss = tf.reduce_sum(rows * tf.constant([[1.0, 10.0], [100.0, 1000.0], [2.0, 20.0]]))
-    np.testing.assert_array_equal(rows.numpy(), [[5.0, 6.0], [1.0, 2.0], [5.0, 6.0]])
-    np.testing.assert_array_equal(
-        tape.gradient(loss, params).numpy(), [[100.0, 1000.0], [0.0, 0.0], [3.0, 30.0]]
-    )
-
-
-def test_gather_rows_gradient_has_tensorflows_bits(kernels):
-    values, ids = _random_case(np.random.default_rng(3), 20000, 3000, 64)
-    params = tf.random.stateless_normal([3000, 64], seed=[1, 2])
-    grads = []
-    for gather in (segments_module.gather_rows, tf.gather):
-        with tf.GradientTape() as tape:
-            tape.watch(params)
-            loss = tf.reduce_sum(gather(params, ids) * values)
-        grads.append(tf.convert_to_tensor(tape.gradient(loss, params)).numpy())
-    np.testing.assert_array_equal(grads[0], grads[1])
