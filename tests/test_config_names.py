@@ -57,11 +57,11 @@ def test_packaged_configs_are_in_the_installed_package():
 
 
 def test_setup_cfg_ships_them_as_package_data():
-    # with the kernel sources that hvdtrack.model.kernels compiles on first use
+    # with the kernel sources and their header that hvdtrack.model.kernels compiles on first use
     setup = configparser.ConfigParser()
     setup.read(REPO / "setup.cfg")
     shipped = [p.strip() for p in setup["options.package_data"]["hvdtrack"].split(",")]
-    assert shipped == ["configs/*.yaml", "model/*.cc"]
+    assert shipped == ["configs/*.yaml", "model/*.cc", "model/*.h"]
 
 
 def test_checkout_configs_link_to_the_packaged_files_once_each():

@@ -13,24 +13,9 @@
 //
 // Built with the other kernels into the one library by hvdtrack/model/kernels.py.
 
-#include <algorithm>
-
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/shape_inference.h"
-#include "tensorflow/core/util/work_sharder.h"
+#include "kernels.h"
 
 namespace hvdtrack {
-
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Status;
-using ::tensorflow::Tensor;
-using ::tensorflow::int64;
-using ::tensorflow::shape_inference::DimensionHandle;
-using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
 
 // Shard's cost unit is about a CPU cycle: per output float, four loads (two gathered), three
 // additions and a store.
@@ -67,13 +52,6 @@ REGISTER_OP("HvdtrackGatherSum")
     });
 
 namespace {
-
-inline void Prefetch(const float* row, int64 width) {
-  const char* bytes = reinterpret_cast<const char*>(row);
-  for (int64 b = 0; b < width * static_cast<int64>(sizeof(float)); b += 64) {
-    __builtin_prefetch(bytes + b);
-  }
-}
 
 // Every index in [0, rows); the message names the first that is not, and its edge.
 Status CheckIndices(const char* what, const Tensor& indices, int64 rows) {

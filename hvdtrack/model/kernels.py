@@ -14,7 +14,7 @@ runtimes without the library load).
 Cache: ``$HVDTRACK_OPS_CACHE``, else ``$XDG_CACHE_HOME/hvdtrack/ops`` (``~/.cache``), one file
 per set of sources, TensorFlow version and compile flags, written beside and renamed into place.
 
-Public symbols: ``SOURCES``, ``CXXFLAGS``, ``BUILD_TIMEOUT_S``, ``ops_cache_dir``,
+Public symbols: ``SOURCES``, ``HEADER``, ``CXXFLAGS``, ``BUILD_TIMEOUT_S``, ``ops_cache_dir``,
 ``build_kernel``, ``plain_ops``, ``fused_kernels``.
 """
 
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 SOURCES = tuple(
     Path(__file__).with_name(name) for name in ("layer_norm.cc", "segment_sum.cc", "gather_sum.cc")
 )
+HEADER = Path(__file__).with_name("kernels.h")  # what the sources share; part of the cache key
 BUILD_TIMEOUT_S = 300
 # Baseline x86-64 code (no -march=native): a cache in a home directory shared by nodes of
 # different CPUs must load on every one of them; the kernels are memory-bound anyway.
@@ -62,7 +63,7 @@ def build_kernel(cache_dir: Optional[Path] = None) -> Path:
     """
     flags = [*CXXFLAGS, *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
     key = hashlib.sha256()
-    for source in SOURCES:
+    for source in (*SOURCES, HEADER):
         key.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
     key.update(tf.__version__.encode() + " ".join(flags).encode())
     path = (cache_dir or ops_cache_dir()) / f"hvdtrack_kernels-{key.hexdigest()[:16]}.so"

@@ -16,28 +16,11 @@
 // column sums of the gradient add the blocks' partial sums in block order, so every result
 // is the same whatever the number of threads (exact resumes depend on it).
 //
-// Built with segment_sum.cc into the one kernel library by hvdtrack/model/kernels.py.
+// Built with the other kernels into the one library by hvdtrack/model/kernels.py.
 
-#include <algorithm>
-#include <cmath>
-#include <vector>
-
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/shape_inference.h"
-#include "tensorflow/core/util/work_sharder.h"
+#include "kernels.h"
 
 namespace hvdtrack {
-
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Status;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-using ::tensorflow::int64;
-using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
 
 constexpr int64 kBlockRows = 1024;
 

@@ -21,28 +21,11 @@
 //       the chunk's sums and a third for their addition. Each row gets its edges added in
 //       ascending edge order onto its old value, at any thread count, as above.
 //
-// Built with layer_norm.cc into the one kernel library by hvdtrack/model/kernels.py.
+// Built with the other kernels into the one library by hvdtrack/model/kernels.py.
 
-#include <algorithm>
-#include <vector>
-
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/shape_inference.h"
-#include "tensorflow/core/util/work_sharder.h"
+#include "kernels.h"
 
 namespace hvdtrack {
-
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Status;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-using ::tensorflow::int64;
-using ::tensorflow::shape_inference::DimensionHandle;
-using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
 
 // Segments per unit of work given to Shard: 256 rows of 64 floats (64 KiB of output, about
 // 2,000 edges at the model's 8 per node) amortise the scheduling. Only the split of the work
@@ -95,13 +78,6 @@ namespace {
 inline void AddRow(const float* row, float* out, int64 width) {
 #pragma omp simd
   for (int64 c = 0; c < width; ++c) out[c] += row[c];
-}
-
-inline void Prefetch(const float* row, int64 width) {
-  const char* bytes = reinterpret_cast<const char*>(row);
-  for (int64 b = 0; b < width * static_cast<int64>(sizeof(float)); b += 64) {
-    __builtin_prefetch(bytes + b);
-  }
 }
 
 // Checks values [E, W] and segment_ids [E] (every id in [0, segments)); the name is the op's.

@@ -7,6 +7,7 @@ import pytest
 from graph_nets import utils_tf
 
 from hvdtrack.model.config import ModelConfig
+from hvdtrack.model.kernels import fused_kernels
 
 # A small literal config: node latent 4, edge latent 3, one hidden layer of 2 in the head.
 TINY = ModelConfig(
@@ -42,3 +43,12 @@ def two_graphs():
 @pytest.fixture
 def graphs():
     return two_graphs()
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """The loaded kernel library (install.sh installs g++; test_kernels.py covers a machine
+    without one)."""
+    library = fused_kernels()
+    assert library is not None
+    return library

@@ -14,18 +14,10 @@ import pytest
 import tensorflow as tf
 
 from hvdtrack.model import segments as segments_module
-from hvdtrack.model.kernels import fused_kernels
 from hvdtrack.model.segments import gather_sum
 
 # Ends a hung subprocess; not a speed goal.
 HANG_S = 300
-
-
-@pytest.fixture(scope="module")
-def kernels():
-    library = fused_kernels()
-    assert library is not None
-    return library
 
 
 def _ops(a, b, r, s, receivers, senders, relu=True):

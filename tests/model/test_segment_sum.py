@@ -13,20 +13,12 @@ import pytest
 import tensorflow as tf
 
 from hvdtrack.model import segments as segments_module
-from hvdtrack.model.kernels import fused_kernels, plain_ops
+from hvdtrack.model.kernels import plain_ops
 from hvdtrack.model.segments import segment_add, segment_sum
 
 # Ends a hung subprocess; not a speed goal (one takes 10-20 s on a loaded 2-core machine, more
 # when it must first compile the library into a fresh cache).
 HANG_S = 300
-
-
-@pytest.fixture(scope="module")
-def kernels():
-    # install.sh installs g++; test_kernels.py covers a machine without one
-    library = fused_kernels()
-    assert library is not None
-    return library
 
 
 def _random_case(rng, edges: int, segments: int, width: int):
