@@ -8,6 +8,7 @@ Public symbols: ``check_resume``, ``restore``, ``RunStatus``, ``run_info``, ``st
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -24,12 +25,16 @@ from hvdtrack.train.checkpoints import ResumePoint, number, resume_point
 from hvdtrack.train.step import StepTimes
 from hvdtrack.train.trainer import Trainer
 from hvdtrack.utils import memory
+from hvdtrack.utils.console import LOGGER_NAME
 
 
 def check_resume(trainer: Trainer, run_dir: Path) -> Optional[ResumePoint]:
     """Where a resume starts (None: ``train.resume`` is off), checked against run.json: the newest
     intact checkpoint (``checkpoints.resume_point``), and ``rundir.check_resume``'s checks. Call
-    before anything is written: a refused resume changes nothing.
+    before anything is written: a refused resume changes nothing. The chief warns when the
+    intra-op threads per worker differ from run.json's: the resume is exact, but the steps after
+    it round differently from an unbroken run (TensorFlow's CPU kernels split some gradient sums
+    by thread).
 
     Raises:
       ConfigError: see ``rundir.check_resume``; or run.json or the folder name checkpoints of
@@ -68,6 +73,20 @@ def check_resume(trainer: Trainer, run_dir: Path) -> Optional[ResumePoint]:
         trainer.data.digest,
         step_in_epoch,
     )
+    old_threads, threads = previous.get("threads_per_worker"), trainer.workers.threads
+    if (
+        point.path
+        and old_threads is not None
+        and old_threads != threads
+        and trainer.workers.is_chief
+    ):
+        logging.getLogger(LOGGER_NAME).warning(
+            f"{run_dir} was trained with {old_threads} intra-op thread(s) per worker, this run "
+            f"has {threads}: the resume is exact, but TensorFlow's CPU kernels split some sums "
+            "(the weight and bias gradients) by thread, so the steps from here round "
+            "differently from an unbroken run with the old count (float32 rounding, not a "
+            "change of method); set distributed.threads_per_worker to keep them the same"
+        )
     return point
 
 

@@ -47,6 +47,22 @@ def test_more_epochs_resume(trained, tiny_config):
     assert info["status"] == "finished" and info["graphs_processed"] == 2 * 8
 
 
+def test_another_thread_count_resumes_and_says_the_rounding_changes(trained, tiny_config, capsys):
+    from pathlib import Path
+
+    from hvdtrack.runs import timing
+
+    old = timing.read_run(Path(trained.train.run_dir)).info["threads_per_worker"]
+    capsys.readouterr()
+    info = fit(Trainer(tiny_config("train.epochs=2", f"distributed.threads_per_worker={old + 1}")))
+    said = capsys.readouterr().err
+    assert info["status"] == "finished" and info["graphs_processed"] == 2 * 8
+    assert f"was trained with {old} intra-op thread(s) per worker, this run has {old + 1}" in said
+    assert "the resume is exact, but" in said
+    fit(Trainer(tiny_config("train.epochs=3", f"distributed.threads_per_worker={old + 1}")))
+    assert "intra-op thread(s)" not in capsys.readouterr().err  # the same count says nothing
+
+
 def test_the_override_lets_a_changed_setting_resume(trained, tiny_config):
     info = fit(
         Trainer(
