@@ -313,20 +313,13 @@ class SegmentClassifier(snt.Module):
                 return self._edge_update.rows(e, term, receiver_rows, sender_rows)
             return self._edge_update.rows(ee, e, receiver_rows, sender_rows)
 
-        def gathering_edge_rows(e, ee, r, s, receivers, senders):
-            if factorized:
-                term = self._edge_update.edge_term(ee)
-                return self._edge_update.gathering_rows(e, term, r, s, receivers, senders)
-            return edge_rows(e, ee, tf.gather(r, receivers), tf.gather(s, senders))
-
         def head_rows(e):
             return tf.squeeze(self._edge_output.rows(e), axis=-1)
 
         def node_rows(received, sent, x, xe):
             return self._node_update.rows(received, sent, tf.concat([xe, x], axis=-1))
 
-        functions = (node_terms, edge_rows, head_rows, node_rows, gathering_edge_rows)
-        parts = StepParts(*map(compute_dtype, functions))
+        parts = StepParts(*map(compute_dtype, (node_terms, edge_rows, head_rows, node_rows)))
         steps = config.num_message_passing_steps
         wanted = [config.output_every_step or step == steps - 1 for step in range(steps)]
         run = recomputed_steps(
@@ -433,20 +426,12 @@ class FactorizedEdgeUpdate(snt.Module):
         """New edge latents, float32 [E, L_e], from the current latents and ``encoded_terms``."""
         edge_term, *invariant = encoded_terms
         receiver, sender = self.node_terms(latent.nodes, invariant)
-        return self.gathering_rows(
-            latent.edges, edge_term, receiver, sender, latent.receivers, latent.senders
-        )
-
-    def gathering_rows(
-        self, edges: tf.Tensor, edge_term: tf.Tensor, receiver: tf.Tensor, sender: tf.Tensor,
-        receivers: tf.Tensor, senders: tf.Tensor,
-    ) -> tf.Tensor:  # fmt: skip
-        """``rows`` of the node terms' rows that ``receivers`` and ``senders`` name, gathered
-        here: the gathers, the sum (``rows``' order, the same bits) and a ReLU in one pass."""
-        terms = (edge_term, edges @ self._first_layer_blocks()["e"])
+        terms = (edge_term, latent.edges @ self._first_layer_blocks()["e"])
+        # The gathers, the sum (``rows``' order, the same bits) and a ReLU in one pass.
         relu = self._config.activation == "relu"
-        h = gather_sum(terms, (receiver, sender), receivers, senders, relu=relu)
-        return self._rest(h if relu else self._activation(h))
+        h = gather_sum(terms, (receiver, sender), latent.receivers, latent.senders, relu=relu)
+        h = h if relu else self._activation(h)
+        return self._rest(h)
 
 
 def _check_config(config: object, who: str) -> None:

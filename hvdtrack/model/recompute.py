@@ -51,16 +51,12 @@ class StepParts:
       edge_rows: (e, ee, R rows, S rows) -> new edge latents, for any rows of the edges.
       head_rows: new edge latents -> logits [rows], for any rows.
       node_rows: (received sums, sent sums, x, xe) -> new node latents [N, L_n].
-      gathering_edge_rows: (e, ee, R, S, receivers, senders) -> ``edge_rows`` of the rows of
-        R and S it gathers itself, with the same bits (the forward pass, which needs no
-        gradient of the gathered rows: one pass on CPU, ``segments.gather_sum``).
     """
 
     node_terms: Callable
     edge_rows: Callable
     head_rows: Callable
     node_rows: Callable
-    gathering_edge_rows: Callable
 
 
 def _chunks(rows: tf.Tensor, chunk: int) -> tf.Tensor:
@@ -273,7 +269,7 @@ def _forward(graph: _Edges, x, e, xe, ee, output: bool, final: bool):
     r, s = parts.node_terms(x, xe)
 
     def edge_chunk(e_c, ee_c, recv_c, send_c):
-        new = parts.gathering_edge_rows(e_c, ee_c, r, s, recv_c, send_c)
+        new = parts.edge_rows(e_c, ee_c, tf.gather(r, recv_c), tf.gather(s, send_c))
         return (new, parts.head_rows(new)) if output else (new,)
 
     new_edges, *logits = map_chunks(edge_chunk, [e, ee, receivers, senders], graph.chunk)
