@@ -2,19 +2,23 @@
 
     .venv/bin/python run_scripts/shaped_links.py            # N = 2, 4, 8; bare, 1 and 10 Gbit/s
     .venv/bin/python run_scripts/shaped_links.py --ns 2,4 --rates none,1gbit --repeats 20
-    .venv/bin/python run_scripts/shaped_links.py --rates none,100mbit,1gbit  # the exchange dominates
+    .venv/bin/python run_scripts/shaped_links.py --rates none,10mbit,100mbit  # the exchange dominates
     .venv/bin/python run_scripts/shaped_links.py --gradient-bytes 16777216 --json out.json
 
 As root: starts max(N) hosts with run_scripts/test_hosts.sh (network namespaces, an sshd each)
 and, for each rate, shapes every host's outgoing link (the namespace end of its veth) with tbf
 ("none": the bare veth), measures the link's one-way latency (half the median round trip of
-1-byte TCP messages from h1 to h2, Python at both ends), then for each N runs
+1-byte TCP messages from h1 to h2, Python at both ends) and its goodput (what one TCP stream
+delivers from h1 to h2, as iperf or osu_bw would measure a real link: the gradient's bytes,
+answered by one byte, median of 5 after one), then for each N runs
 ``horovodrun -np N -H h1..hN --gloo`` over the hosts: every rank allreduces a float32 tensor of
 the default model's gradient bytes (runs/default/run.json's ``gradient_bytes``, or
 ``--gradient-bytes``), ``--warmup`` times untimed, then ``--repeats`` times, each after a barrier.
 An iteration takes its slowest rank's time; the table shows the median, beside the model's ring
 allreduce (``hvdtrack.scaling.maths.ring_allreduce_time`` at that bandwidth and the measured
-latency) and the ring plus Horovod's cycle wait (``maths.cycle_wait``), with their errors. With
+latency), the ring plus Horovod's cycle wait (``maths.cycle_wait``), and the ring at the
+measured goodput (TCP/IP framing and the acknowledgements sharing the link take 4% of a
+shaped rate), with their errors. With
 "none" among the rates, a second table compares what shaping adds to the bare link's time with
 the ring's transfer term. The hosts are stopped at the end, whatever happens (SIGINT and SIGTERM
 included).
@@ -24,7 +28,9 @@ cores): the bare-veth rows measure it. On a machine with few cores every rank is
 process, so 8 ranks on 2 cores time the CPU's sharing as much as the link.
 
 No added delay unless ``--delay-ms``: that needs tc's netem, which a kernel without
-CONFIG_NET_SCH_NETEM refuses (tc's message is shown). ``--cycle-ms`` sets HOROVOD_CYCLE_TIME
+CONFIG_NET_SCH_NETEM refuses (tc's message is shown). ``--queue-ms`` is tbf's queue (its
+latency, default 100 ms at the rate; 5 ms made the 10 Mbit/s allreduce slower, not faster, at
+N = 4 and 8). ``--cycle-ms`` sets HOROVOD_CYCLE_TIME
 (Horovod 0.28.1's default: 1 ms).
 
 Runs only when no test hosts are up (they belong to someone else then) and holds the test
@@ -53,7 +59,13 @@ HOSTS_DIR = Path(os.environ.get("HVDTRACK_HOSTS_DIR", "/tmp/hvdtrack-hosts"))
 LOCK = HOSTS_DIR.with_name(HOSTS_DIR.name + ".lock")  # the one tests/hosts.py uses
 INTERFACE = "hvdt0"  # inside every host's namespace (test_hosts.sh)
 RUN_JSON = REPO / "runs/default/run.json"
-RATES_GBIT = {"none": math.inf, "100mbit": 0.1, "1gbit": 1.0, "10gbit": 10.0}  # none: bare veth
+RATES_GBIT = {
+    "none": math.inf,
+    "10mbit": 0.01,
+    "100mbit": 0.1,
+    "1gbit": 1.0,
+    "10gbit": 10.0,
+}  # none: bare veth
 
 
 def worker(out_dir: str, num_bytes: int, warmup: int, repeats: int) -> None:
@@ -92,10 +104,13 @@ def tc(namespace: str, *args: str) -> None:
         raise SystemExit(f"tc {' '.join(args)} in {namespace}: {done.stderr.decode().strip()}")
 
 
-def shape(num_hosts: int, rate_gbit: float, delay_ms: float, burst_us: float) -> None:
+def shape(
+    num_hosts: int, rate_gbit: float, delay_ms: float, burst_us: float, queue_ms: float
+) -> None:
     """Every host's egress: tbf at ``rate_gbit`` (burst: ``burst_us`` at that rate, at least 2
-    MTUs, so a 0.5 MB tensor is shaped rather than sent as one burst); netem ``delay_ms`` below
-    it when > 0. An infinite rate: no qdisc (the bare veth)."""
+    MTUs, so a 0.5 MB tensor is shaped rather than sent as one burst; a queue of ``queue_ms``
+    at that rate, tbf's latency); netem ``delay_ms`` below it when > 0. An infinite rate: no
+    qdisc (the bare veth)."""
     burst = max(int(rate_gbit * 1e9 / 8 * burst_us * 1e-6), 3000) if rate_gbit < math.inf else 0
     for i in range(1, num_hosts + 1):
         ns = f"hvdtrack-h{i}"
@@ -104,7 +119,7 @@ def shape(num_hosts: int, rate_gbit: float, delay_ms: float, burst_us: float) ->
         if not burst:
             continue
         tc(ns, "qdisc", "add", "dev", INTERFACE, "root", "handle", "1:", "tbf",
-           "rate", f"{rate_gbit:g}gbit", "burst", str(burst), "latency", "100ms")  # fmt: skip
+           "rate", f"{rate_gbit:g}gbit", "burst", str(burst), "latency", f"{queue_ms:g}ms")  # fmt: skip
         if delay_ms > 0:
             tc(ns, "qdisc", "add", "dev", INTERFACE, "parent", "1:1", "handle", "10:",
                "netem", "delay", f"{delay_ms:g}ms", "limit", "100000")  # fmt: skip
@@ -129,23 +144,59 @@ print(statistics.median(rtts[10:]))
 """
 
 
-def link_latency_s(addresses: list[str], round_trips: int = 300) -> float:
-    """Half the median round trip of 1-byte TCP messages from h1 to h2 (after 10)."""
+BULK_SERVER = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 5999)); s.listen(1); print("ready", flush=True)
+c, _ = s.accept(); size = int(sys.argv[2])
+while True:
+    got = 0
+    while got < size and (b := c.recv(1 << 20)):
+        got += len(b)
+    if got < size:
+        break
+    c.sendall(b"k")
+"""
+BULK_CLIENT = """
+import socket, statistics, sys, time
+c = socket.create_connection((sys.argv[1], 5999)); payload = bytes(int(sys.argv[2])); times = []
+for _ in range(int(sys.argv[3])):
+    t = time.perf_counter(); c.sendall(payload); c.recv(1); times.append(time.perf_counter() - t)
+print(statistics.median(times[1:]))
+"""
+
+
+def between_h1_and_h2(addresses: list[str], server: str, client: str, *args: str) -> float:
+    """Runs ``server`` on h2 and ``client`` on h1 (Python programs given h2's address and
+    ``args``) and returns the number the client prints."""
     server = subprocess.Popen(
-        ["ip", "netns", "exec", "hvdtrack-h2", sys.executable, "-c", PING_SERVER, addresses[1]],
+        ["ip", "netns", "exec", "hvdtrack-h2", sys.executable, "-c", server, addresses[1], *args],
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         server.stdout.readline()  # "ready"
-        client = subprocess.run(
-            ["ip", "netns", "exec", "hvdtrack-h1", sys.executable, "-c", PING_CLIENT,
-             addresses[1], str(round_trips)],
-            capture_output=True, text=True, timeout=120, check=True,
+        done = subprocess.run(
+            ["ip", "netns", "exec", "hvdtrack-h1", sys.executable, "-c", client,
+             addresses[1], *args],
+            capture_output=True, text=True, timeout=300, check=True,
         )  # fmt: skip
     finally:
         server.wait(timeout=30)
-    return float(client.stdout) / 2
+    return float(done.stdout)
+
+
+def link_latency_s(addresses: list[str], round_trips: int = 300) -> float:
+    """Half the median round trip of 1-byte TCP messages from h1 to h2 (after 10)."""
+    return between_h1_and_h2(addresses, PING_SERVER, PING_CLIENT, str(round_trips)) / 2
+
+
+def link_goodput_gbit(addresses: list[str], num_bytes: int, latency_s: float) -> float:
+    """What one TCP stream delivers from h1 to h2, as a bandwidth test (iperf, osu_bw) would
+    measure a real link: ``num_bytes`` sent, answered by one byte, 6 times on one connection;
+    the bytes over the median time less a round trip (the first time dropped: slow start)."""
+    seconds = between_h1_and_h2(addresses, BULK_SERVER, BULK_CLIENT, str(num_bytes), "6")
+    return num_bytes * 8 / (seconds - 2 * latency_s) / 1e9
 
 
 def time_allreduce(n: int, addresses: list[str], args: argparse.Namespace) -> list[float]:
@@ -214,6 +265,9 @@ def main() -> None:
     parser.add_argument("--ns", default="2,4,8", help="host counts (one rank each)")
     parser.add_argument("--rates", default="none,1gbit,10gbit", help=f"of {', '.join(RATES_GBIT)}")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="added one-way delay (netem)")
+    parser.add_argument(
+        "--queue-ms", type=float, default=100.0, help="tbf's queue (latency), ms at the rate"
+    )
     parser.add_argument("--burst-us", type=float, default=50.0, help="tbf burst, us at the rate")
     parser.add_argument("--gradient-bytes", type=int, help="default: runs/default/run.json's")
     parser.add_argument("--warmup", type=int, default=5)
@@ -248,7 +302,8 @@ def main() -> None:
         flush=True,
     )
     header = f"{'N':>3} {'bandwidth':>9} {'latency':>8} {'measured ms':>11} {'ring ms':>8} "
-    header += f"{'err':>7} {'ring+cycle ms':>13} {'err':>7}"
+    header += f"{'err':>7} {'ring+cycle ms':>13} {'err':>7} {'goodput':>9} {'ring@gp ms':>10} "
+    header += f"{'err':>7}"
     with own_hosts(max(ns)) as env_lines:
         addresses = next(
             line.split("=", 1)[1].strip("'").split()
@@ -265,14 +320,18 @@ def main() -> None:
                 )
         print(header, flush=True)
         for rate_name, gbit in rates:
-            shape(max(ns), gbit, args.delay_ms, args.burst_us)
-            latency_us = link_latency_s(addresses) * 1e6
+            shape(max(ns), gbit, args.delay_ms, args.burst_us, args.queue_ms)
+            latency_s = link_latency_s(addresses)
+            latency_us = latency_s * 1e6
             net = maths.NetworkModel(rate_name, gbit, latency_us)
+            goodput = link_goodput_gbit(addresses, args.gradient_bytes, latency_s)
+            measured_net = maths.NetworkModel(rate_name, goodput, latency_us)
             for n in ns:
                 times = time_allreduce(n, addresses, args)
                 measured = statistics.median(times)
                 ring = maths.ring_allreduce_time(args.gradient_bytes, n, net)
                 cycle = maths.cycle_wait(args.gradient_bytes, args.cycle_ms * 1e-3)
+                ring_gp = maths.ring_allreduce_time(args.gradient_bytes, n, measured_net)
                 row = {
                     "n": n,
                     "bandwidth_gbps": gbit,
@@ -282,12 +341,16 @@ def main() -> None:
                     "measured_max_ms": max(times) * 1e3,
                     "ring_ms": ring * 1e3,
                     "ring_cycle_ms": (ring + cycle) * 1e3,
+                    "goodput_gbps": goodput,
+                    "ring_goodput_ms": ring_gp * 1e3,
                 }
                 rows.append(row)
                 print(
                     f"{n:>3} {rate_name:>9} {latency_us:>6.1f}us {measured * 1e3:>11.2f} "
                     f"{ring * 1e3:>8.2f} {(ring - measured) / measured:>+7.1%} "
-                    f"{(ring + cycle) * 1e3:>13.2f} {(ring + cycle - measured) / measured:>+7.1%}",
+                    f"{(ring + cycle) * 1e3:>13.2f} {(ring + cycle - measured) / measured:>+7.1%} "
+                    f"{goodput * 1e3:>6.1f}Mb {ring_gp * 1e3:>10.2f} "
+                    f"{(ring_gp - measured) / measured:>+7.1%}",
                     flush=True,
                 )
     floors = {r["n"]: r for r in rows if r["bandwidth_gbps"] == math.inf}
@@ -295,13 +358,23 @@ def main() -> None:
     if shaped:
         print("\nwhat shaping adds (measured minus the bare veth at the same N; model: the ring's")
         print("transfer term 2(N-1)/N B / bandwidth, the software floor being the same in both):")
-        print(f"{'N':>3} {'bandwidth':>9} {'added ms':>9} {'model ms':>9} {'err':>7}")
+        print("at the nominal rate and at the link's measured goodput:")
+        print(
+            f"{'N':>3} {'bandwidth':>9} {'added ms':>9} {'model ms':>9} {'err':>7} {'@gp ms':>9} {'err':>7}"
+        )
         for r in shaped:
             added = r["measured_ms"] - floors[r["n"]]["measured_ms"]
             model = r["ring_ms"] - floors[r["n"]]["ring_ms"]
-            r |= {"added_ms": added, "added_model_ms": model}
-            err = f"{(model - added) / added:>+7.1%}" if added > 0 else "    n/a"
-            print(f"{r['n']:>3} {r['bandwidth_gbps']:>7g}Gb {added:>9.2f} {model:>9.2f} {err}")
+            model_gp = r["ring_goodput_ms"] - floors[r["n"]]["ring_ms"]
+            r |= {"added_ms": added, "added_model_ms": model, "added_goodput_model_ms": model_gp}
+            errs = [
+                f"{(m - added) / added:>+7.1%}" if added > 0 else "    n/a"
+                for m in (model, model_gp)
+            ]
+            print(
+                f"{r['n']:>3} {r['bandwidth_gbps']:>7g}Gb {added:>9.2f} {model:>9.2f} {errs[0]} "
+                f"{model_gp:>9.2f} {errs[1]}"
+            )
     if args.json:
         for r in rows:  # strict JSON: the bare link's bandwidth as null
             r["bandwidth_gbps"] = None if r["bandwidth_gbps"] == math.inf else r["bandwidth_gbps"]
