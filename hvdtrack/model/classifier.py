@@ -38,7 +38,12 @@ from graph_nets.graphs import GraphsTuple
 
 from hvdtrack.model.config import ACTIVATION_NAMES, ModelConfig
 from hvdtrack.model.norm import LayerNorm
-from hvdtrack.model.recompute import StepParts, recomputed_rows, recomputed_steps
+from hvdtrack.model.recompute import (
+    StepParts,
+    auto_chunk_edges,
+    recomputed_rows,
+    recomputed_steps,
+)
 from hvdtrack.model.segments import gather_sum, segment_sum
 
 ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
@@ -277,6 +282,7 @@ class SegmentClassifier(snt.Module):
         config = self._config
         factorized = config.factorized_edge_update
         dtype = graphs.nodes.dtype
+        chunk = config.chunk_edges or auto_chunk_edges()
 
         def compute_dtype(fn: Callable) -> Callable:
             """``fn`` reading the variables in the compute dtype, as ``__call__`` does, also
@@ -292,7 +298,7 @@ class SegmentClassifier(snt.Module):
 
         # The encoders keep only their inputs; their layers are computed again, in chunks.
         encoded_nodes, encoded_edges = (
-            recomputed_rows(compute_dtype(block.rows), rows, config.chunk_edges)
+            recomputed_rows(compute_dtype(block.rows), rows, chunk)
             for block, rows in [
                 (self._node_encoder, graphs.nodes),
                 (self._edge_encoder, graphs.edges),
@@ -323,7 +329,7 @@ class SegmentClassifier(snt.Module):
         steps = config.num_message_passing_steps
         wanted = [config.output_every_step or step == steps - 1 for step in range(steps)]
         run = recomputed_steps(
-            parts, graphs.senders, graphs.receivers, config.chunk_edges, wanted,
+            parts, graphs.senders, graphs.receivers, chunk, wanted,
             every=config.boundary_every, offload=config.offload,
         )  # fmt: skip
         logits = run(encoded_nodes, encoded_edges, encoded_nodes, encoded_edges)

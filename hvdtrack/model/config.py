@@ -48,6 +48,8 @@ class ModelConfig:
         forward pass.
       chunk_edges: with ``recompute``, rows per chunk of the recomputed MLPs (edges, and the
         nodes' too; forward and backward): the working memory of a step beyond its boundaries.
+        0 (the default): by the process's intra-op threads, 2048 x threads**2 rows, at most
+        16384 (``recompute.auto_chunk_edges``: on one thread a chunk's tensors stay in cache).
       boundary_every: with ``recompute``, keep the boundaries of every this many steps
         (1: every step's); the backward pass computes the boundaries in between again (one
         more edge pass per step that was not kept) for about 1/boundary_every of their memory.
@@ -75,7 +77,7 @@ class ModelConfig:
     activation: Literal["relu", "tanh", "elu"] = "relu"
     factorized_edge_update: bool = False
     recompute: bool = False
-    chunk_edges: int = 16384
+    chunk_edges: int = 0
     boundary_every: int = 1
     offload: bool = False
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -130,9 +132,9 @@ class ModelConfig:
             check(isinstance(getattr(self, key), bool), key, "must be true or false")
         chunk = self.chunk_edges
         check(
-            isinstance(chunk, int) and not isinstance(chunk, bool) and 1 <= chunk <= 2**30,
+            isinstance(chunk, int) and not isinstance(chunk, bool) and 0 <= chunk <= 2**30,
             "chunk_edges",
-            f"must be an integer from 1 to 2**30, got {chunk!r}",
+            f"must be an integer from 0 (by the threads) to 2**30, got {chunk!r}",
         )
         every = self.boundary_every
         check(

@@ -13,6 +13,7 @@ from hvdtrack.errors import ConfigError
 from hvdtrack.model.classifier import SegmentClassifier
 from hvdtrack.model.config import ModelConfig
 from hvdtrack.model.loss import weighted_bce
+from hvdtrack.model.recompute import auto_chunk_edges
 from tests.model.conftest import TINY
 from tests.model.test_classifier import copy_weights
 
@@ -98,7 +99,7 @@ def test_bfloat16_keeps_float32_variables_and_logits_close_to_float32(graphs):
         (dict(recompute="yes"), "'model.recompute' must be true or false"),
         (dict(precision="float8"), "'model.precision' must be one of 'float32', 'bfloat16'"),
         (dict(offload=True), "'model.offload' needs model.recompute=true"),
-        (dict(recompute=True, chunk_edges=0), "'model.chunk_edges' must be an integer from 1"),
+        (dict(recompute=True, chunk_edges=-1), "'model.chunk_edges' must be an integer from 0"),
         (dict(chunk_edges=True), "'model.chunk_edges' must be an integer"),
         (dict(boundary_every=0), "'model.boundary_every' must be an integer >= 1, got 0"),
     ],
@@ -137,3 +138,10 @@ def test_recompute_in_bfloat16_reads_the_variables_in_bfloat16_in_both_passes(gr
     # than the plain bfloat16 step): the gradient keeps its direction.
     assert cosine(a, b) > 0.99
     assert cosine(b, c) > 0.99
+
+
+def test_the_chunk_by_threads():
+    # model.chunk_edges: 0 -> 2048 x threads**2 rows, at most 16384
+    assert [auto_chunk_edges(t) for t in (1, 2, 3, 64)] == [2048, 8192, 16384, 16384]
+    assert ModelConfig().chunk_edges == 0
+    assert 2048 <= auto_chunk_edges() <= 16384  # this process's threads
