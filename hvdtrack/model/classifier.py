@@ -311,13 +311,16 @@ class SegmentClassifier(snt.Module):
             if factorized:
                 return self._edge_update.node_terms(x, self._edge_update.node_invariant(xe))
             core = tf.concat([xe, x], axis=-1)
-            return core, core
+            return core, tf.identity(core)  # two tensors: each gets its own gradient
 
-        def edge_rows(e, ee, receiver_rows, sender_rows):
+        def edge_rows(e, t, receiver_terms, sender_terms, receivers, senders):
+            # t: rows of the edge term (factorized), else of the encoded edges (StepParts)
             if factorized:
-                term = self._edge_update.edge_term(ee)
-                return self._edge_update.rows(e, term, receiver_rows, sender_rows)
-            return self._edge_update.rows(ee, e, receiver_rows, sender_rows)
+                return self._edge_update.rows(
+                    e, t, receiver_terms, sender_terms, receivers, senders
+                )
+            receiver_rows = tf.gather(receiver_terms, receivers)
+            return self._edge_update.rows(t, e, receiver_rows, tf.gather(sender_terms, senders))
 
         def head_rows(e):
             return tf.squeeze(self._edge_output.rows(e), axis=-1)
@@ -325,7 +328,12 @@ class SegmentClassifier(snt.Module):
         def node_rows(received, sent, x, xe):
             return self._node_update.rows(received, sent, tf.concat([xe, x], axis=-1))
 
-        parts = StepParts(*map(compute_dtype, (node_terms, edge_rows, head_rows, node_rows)))
+        parts = StepParts(
+            compute_dtype(node_terms),
+            compute_dtype(self._edge_update.edge_term) if factorized else None,
+            *map(compute_dtype, (edge_rows, head_rows, node_rows)),
+            summed=factorized,
+        )
         steps = config.num_message_passing_steps
         wanted = [config.output_every_step or step == steps - 1 for step in range(steps)]
         run = recomputed_steps(
@@ -410,15 +418,16 @@ class FactorizedEdgeUpdate(snt.Module):
         return nodes @ p["r"] + receiver_term, nodes @ p["s"] + sender_term
 
     def rows(
-        self, edges: tf.Tensor, edge_term: tf.Tensor, receiver_rows: tf.Tensor,
-        sender_rows: tf.Tensor,
+        self, edges: tf.Tensor, edge_term: tf.Tensor, receiver_terms: tf.Tensor,
+        sender_terms: tf.Tensor, receivers: tf.Tensor, senders: tf.Tensor,
     ) -> tf.Tensor:  # fmt: skip
         """New edge latents [rows, L_e] of any rows of the edges, from their latents, their
-        ``edge_term`` and their rows of ``node_terms``."""
-        p = self._first_layer_blocks()
-        # One pass adding the four [E, H] terms (three adds would write three of them).
-        h = tf.add_n([edge_term, edges @ p["e"], receiver_rows, sender_rows])
-        return self._rest(self._activation(h))
+        ``edge_term``, ``node_terms`` (whole, [N, H] each) and the rows' endpoints."""
+        terms = (edge_term, edges @ self._first_layer_blocks()["e"])
+        # The gathers, the sum and a ReLU in one pass.
+        relu = self._config.activation == "relu"
+        h = gather_sum(terms, (receiver_terms, sender_terms), receivers, senders, relu=relu)
+        return self._rest(h if relu else self._activation(h))
 
     def _rest(self, h: tf.Tensor) -> tf.Tensor:
         """The layers after the first, on its activated output ``h`` [rows, H]."""
@@ -432,12 +441,9 @@ class FactorizedEdgeUpdate(snt.Module):
         """New edge latents, float32 [E, L_e], from the current latents and ``encoded_terms``."""
         edge_term, *invariant = encoded_terms
         receiver, sender = self.node_terms(latent.nodes, invariant)
-        terms = (edge_term, latent.edges @ self._first_layer_blocks()["e"])
-        # The gathers, the sum (``rows``' order, the same bits) and a ReLU in one pass.
-        relu = self._config.activation == "relu"
-        h = gather_sum(terms, (receiver, sender), latent.receivers, latent.senders, relu=relu)
-        h = h if relu else self._activation(h)
-        return self._rest(h)
+        return self.rows(
+            latent.edges, edge_term, receiver, sender, latent.receivers, latent.senders
+        )
 
 
 def _check_config(config: object, who: str) -> None:

@@ -19,6 +19,12 @@ pass can write each step's edge gradients over that step's input edge latents, w
 reads any more once their per-node sums are taken: no [E, L_e] buffer beyond the boundaries
 but the incoming gradients and the encoded edges' gradient sum.
 
+The backward pass differentiates the rows (``tf.GradientTape``) one chunk at a time. The
+gathered node rows' gradients, in the factorized update those of the term every step shares
+(``e_enc @ W_e_enc + b``), are added per node in place (``segments.segment_add``), never through
+the gathers' own gradients; each chunk loop carries weight-gradient sums for the variables its
+rows read only.
+
 ``offload`` keeps the boundaries in host memory between the passes (``/CPU:0`` copies made in
 the forward pass, copied back in the backward pass): on a GPU that frees its memory of every
 step but the one running; on a CPU the copies are the tensors themselves.
@@ -38,9 +44,9 @@ from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from hvdtrack.model.segments import segment_add, segment_sum
+from hvdtrack.model.segments import gather_sum, segment_add, segment_sum
 
-ZERO = tf.UnconnectedGradients.ZERO
+NONE = tf.UnconnectedGradients.NONE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,15 +56,24 @@ class StepParts:
     Attributes:
       node_terms: (x, xe) -> (R, S), [N, H] each: what the edge rows gather from the
         receiver and the sender (node-wise).
-      edge_rows: (e, ee, R rows, S rows) -> new edge latents, for any rows of the edges.
+      edge_term: encoded edge rows -> T rows, the part of the edge rows' input that every step
+        shares (the factorized update's ``e_enc @ W_e_enc + b``); None: T is the encoded
+        edges themselves.
+      edge_rows: (e, T, R, S, receivers, senders) -> new edge latents, for any rows of the
+        edges (e, T and the rows' endpoints; R and S whole, gathered inside).
       head_rows: new edge latents -> logits [rows], for any rows.
       node_rows: (received sums, sent sums, x, xe) -> new node latents [N, L_n].
+      summed: ``edge_rows`` adds the gathered rows of R and S to T (the factorized update), so
+        their gradients are T's: the backward pass takes them from T's, not through the
+        gathers.
     """
 
     node_terms: Callable
+    edge_term: Optional[Callable]
     edge_rows: Callable
     head_rows: Callable
     node_rows: Callable
+    summed: bool = False
 
 
 def auto_chunk_edges(threads: int | None = None) -> int:
@@ -150,6 +165,7 @@ def recomputed_rows(fn: Callable[[tf.Tensor], tf.Tensor], rows: tf.Tensor, chunk
 
         def backward(upstream, variables):
             (grads,), weights = _vjp_in_chunks(fn, [rows], upstream, variables, chunk)
+            weights = [_or_zeros(w, v) for w, v in zip(weights, variables)]
             return (grads, weights) if variables else grads
 
         return out, grad
@@ -160,8 +176,9 @@ def recomputed_rows(fn: Callable[[tf.Tensor], tf.Tensor], rows: tf.Tensor, chunk
 def _vjp_in_chunks(fn: Callable, rows: Sequence[tf.Tensor], upstream, variables, chunk: int):
     """The gradients of a row-wise ``fn(*rows)`` for ``upstream``, computed again one chunk of
     ``chunk`` rows at a time: ([one per tensor of ``rows``, each written into one buffer],
-    [one per variable, summed over the chunks])."""
+    [one per variable, summed over the chunks; None for a variable ``fn`` does not read])."""
     count = len(rows)
+    read = _read_by(fn, variables, *(r[:0] for r in rows))
 
     def body(i, state):
         grads, weights = state
@@ -169,13 +186,32 @@ def _vjp_in_chunks(fn: Callable, rows: Sequence[tf.Tensor], upstream, variables,
         with tf.GradientTape() as tape:
             tape.watch(parts)
             y = fn(*parts)
-        g = tape.gradient(y, [*parts, *variables], upstream[i * chunk : (i + 1) * chunk], ZERO)
+        g = tape.gradient(y, [*parts, *read], upstream[i * chunk : (i + 1) * chunk], NONE)
+        g = [_or_zeros(d, p) for d, p in zip(g, [*parts, *read])]
         written = [_write(b, i, chunk, d, g) for b, d in zip(grads, g[:count])]
         return written, [w + d for w, d in zip(weights, g[count:])]
 
     total = tf.shape(rows[0])[0]
-    state = ([_buffer(total, r, [upstream]) for r in rows], [tf.zeros_like(v) for v in variables])
-    return _loop(_chunks(total, chunk), body, state)
+    state = ([_buffer(total, r, [upstream]) for r in rows], [tf.zeros_like(v) for v in read])
+    grads, weights = _loop(_chunks(total, chunk), body, state)
+    return grads, _pick(variables, read, weights)
+
+
+def _read_by(fn: Callable, variables: Sequence[tf.Variable], *args) -> list[tf.Variable]:
+    """Those of ``variables`` that ``fn(*args)`` reads, in their order (a run on ``args``,
+    which should be rows of none). A chunk loop carries a gradient sum for each of them only:
+    every tensor a ``tf.while_loop`` carries costs control-flow ops at every iteration."""
+    with tf.GradientTape() as tape:
+        fn(*args)
+    watched = {v.ref() for v in tape.watched_variables()}
+    return [v for v in variables if v.ref() in watched]
+
+
+def _pick(wanted: Sequence[tf.Variable], have: Sequence[tf.Variable], values) -> list:
+    """One entry per variable of ``wanted``: its entry of ``values`` (one per variable of
+    ``have``), or None where ``have`` has no such variable."""
+    by_variable = {v.ref(): g for v, g in zip(have, values)}
+    return [by_variable.get(v.ref()) for v in wanted]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +225,10 @@ class _Edges:
 
     def rows(self, i, *tensors: tf.Tensor) -> list[tf.Tensor]:
         return [t[i * self.chunk : (i + 1) * self.chunk] for t in tensors]
+
+    def term(self, ee: tf.Tensor) -> tf.Tensor:
+        """The shared term T of rows ``ee`` of the encoded edges (``StepParts.edge_term``)."""
+        return ee if self.parts.edge_term is None else self.parts.edge_term(ee)
 
 
 def recomputed_steps(
@@ -273,7 +313,7 @@ def recomputed_steps(
                             graph, x, e, sums, xe, ee, variables, step, g_in,
                             g_logits[j], own=j > 0,
                         )  # fmt: skip
-                    g_vars = [a + b for a, b in zip(g_vars, g_step)]
+                    g_vars = _accumulate(g_vars, g_step)
             g_inputs = [g_nodes, g_edges, *g_shared]
             return (g_inputs, g_vars) if variables else g_inputs
 
@@ -289,7 +329,7 @@ def _forward(graph: _Edges, x, e, xe, ee, output: bool, final: bool):
     r, s = parts.node_terms(x, xe)
 
     def edge_chunk(e_c, ee_c, recv_c, send_c):
-        new = parts.edge_rows(e_c, ee_c, tf.gather(r, recv_c), tf.gather(s, send_c))
+        new = parts.edge_rows(e_c, graph.term(ee_c), r, s, recv_c, send_c)
         return (new, parts.head_rows(new)) if output else (new,)
 
     new_edges, *logits = map_chunks(edge_chunk, [e, ee, receivers, senders], graph.chunk)
@@ -313,8 +353,8 @@ def _backward(graph: _Edges, x, e, sums, xe, ee, variables, step, g_in, g_logits
     its per-node sums are taken first (the previous step's ``sums``), then its buffer takes
     its gradients, chunk by chunk.
 
-    Returns ([x, e, xe, ee] gradients, variable gradients, the sums of ``e`` per
-    node (``own``; else None)).
+    Returns ([x, e, xe, ee] gradients, variable gradients (None: not read), the sums of ``e``
+    per node (``own``; else None)).
     """
     output, final = step
     g_nodes, g_edges, g_xe_later, g_ee = g_in
@@ -326,7 +366,7 @@ def _backward(graph: _Edges, x, e, sums, xe, ee, variables, step, g_in, g_logits
     if g_logits is None:
         g_logits = tf.zeros([tf.shape(e)[0] if output else 0], e.dtype)
     g_x, g_xe = tf.zeros_like(x), _or_zeros(g_xe_later, own_xe)
-    g_vars = [tf.zeros_like(v) for v in variables]
+    g_vars = [None] * len(variables)
     g_received = g_sent = None
     if not final and g_nodes is not None:
         # The node part, node-wise: the gradients of its sums and inputs.
@@ -344,8 +384,16 @@ def _backward(graph: _Edges, x, e, sums, xe, ee, variables, step, g_in, g_logits
     if own:
         input_sums = (segment_sum(e, receivers, num_nodes), segment_sum(e, senders, num_nodes))
 
+    def rows_and_head(e_c, ee_c, recv_c, send_c):
+        t_c = graph.term(ee_c)
+        new = parts.edge_rows(e_c, t_c, r, s, recv_c, send_c)
+        return t_c, [new, parts.head_rows(new)] if output else [new]
+
+    read = _read_by(rows_and_head, variables, e[:0], ee[:0], receivers[:0], senders[:0])
+    nodes = [] if parts.summed else [r, s]
+
     def body(i, state):
-        g_r, g_s, g_vars, g_e_out, g_ee_out = state
+        g_r, g_s, g_read, g_e_out, g_ee_out = state
         e_c, ee_c, recv_c, send_c = graph.rows(i, e, ee, receivers, senders)
         # Without a gradient from later steps (None): zeros of a chunk, not of every edge.
         # Else the incoming gradient's rows: from its own buffer, or (not ``own``) from the
@@ -354,24 +402,29 @@ def _backward(graph: _Edges, x, e, sums, xe, ee, variables, step, g_in, g_logits
             g_new = tf.zeros_like(e_c)
         else:
             g_new = graph.rows(i, g_edges if own else g_e_out)[0]
-        if g_received is not None:
-            g_new += tf.gather(g_received, recv_c) + tf.gather(g_sent, send_c)
+        if g_received is not None:  # plus the gradients of the node sums, gathered
+            both = (g_new, tf.zeros_like(g_new))
+            g_new = gather_sum(both, (g_received, g_sent), recv_c, send_c, relu=False)
         with tf.GradientTape() as tape:
-            r_c, s_c = tf.gather(r, recv_c), tf.gather(s, send_c)
-            tape.watch([e_c, ee_c, r_c, s_c])
-            new = parts.edge_rows(e_c, ee_c, r_c, s_c)
-            targets, upstream = [new], [g_new]
-            if output:
-                targets.append(parts.head_rows(new))
-                upstream.append(graph.rows(i, g_logits)[0])
-        grads = tape.gradient(targets, [e_c, ee_c, r_c, s_c, *variables], upstream, ZERO)
-        g_e_c, g_ee_own, g_r_c, g_s_c, *g_w = grads
+            tape.watch([e_c, ee_c, *nodes])
+            t_c, targets = rows_and_head(e_c, ee_c, recv_c, send_c)
+            tape.watch(t_c)  # T's gradient: also the gathered rows' (``summed``)
+        upstream = [g_new, graph.rows(i, g_logits)[0]][: len(targets)]
+        sources = [e_c, ee_c, t_c, *nodes]
+        grads = tape.gradient(targets, [*sources, *read], upstream, NONE)
+        g_e_c, g_ee_c, g_t_c = (_or_zeros(g, like) for g, like in zip(grads[:3], sources))
+        if parts.summed:  # the gathered rows' gradients are T's
+            g_r, g_s = segment_add(g_r, g_t_c, recv_c), segment_add(g_s, g_t_c, send_c)
+        else:  # the gathers' (IndexedSlices: the rows' gradients and their node ids)
+            g_r, g_s = (_add_rows(a, g) for a, g in zip((g_r, g_s), grads[3:5]))
+        g_w = [_or_zeros(g, v) for g, v in zip(grads[len(sources) :], read)]
+        done = [g_e_c, g_ee_c, g_t_c, *g_w]
         return (
-            segment_add(g_r, g_r_c, recv_c),
-            segment_add(g_s, g_s_c, send_c),
-            [a + b for a, b in zip(g_vars, g_w)],
-            _write(g_e_out, i, chunk, g_e_c, grads),
-            _write(g_ee_out, i, chunk, g_ee_own, grads, add=g_ee is not None),
+            g_r,
+            g_s,
+            [a + b for a, b in zip(g_read, g_w)],
+            _write(g_e_out, i, chunk, g_e_c, done),
+            _write(g_ee_out, i, chunk, g_ee_c, done, add=g_ee is not None),
         )
 
     # The outgoing edge gradients overwrite the input edges (``own``, once their sums exist) or
@@ -383,22 +436,25 @@ def _backward(graph: _Edges, x, e, sums, xe, ee, variables, step, g_in, g_logits
             g_e_out = tf.identity(e)
     else:
         g_e_out = _buffer(total, e) if g_edges is None else g_edges
+    so_far = _pick(read, variables, g_vars)  # the node part's sums of the variables read
     state = (
         tf.zeros_like(r),
         tf.zeros_like(s),
-        g_vars,
+        [_or_zeros(g, v) for g, v in zip(so_far, read)],
         g_e_out,
         _buffer(total, ee) if g_ee is None else g_ee,
     )
-    g_r, g_s, g_vars, g_e_out, g_ee_out = _loop(_chunks(total, chunk), body, state)
-    terms = terms_tape.gradient([r, s], [x, own_xe, *variables], [g_r, g_s], ZERO)
+    g_r, g_s, g_read, g_e_out, g_ee_out = _loop(_chunks(total, chunk), body, state)
+    # The loop's sums (which started from the node part's) replace the node part's.
+    g_vars = [g if r is None else r for g, r in zip(g_vars, _pick(variables, read, g_read))]
+    terms = terms_tape.gradient([r, s], [x, own_xe, *variables], [g_r, g_s], NONE)
     g_inputs = [
-        g_x + terms[0],
+        g_x + _or_zeros(terms[0], x),
         g_e_out,
-        g_xe + terms[1],
+        g_xe + _or_zeros(terms[1], own_xe),
         g_ee_out,
     ]
-    return g_inputs, [a + b for a, b in zip(g_vars, terms[2:])], input_sums
+    return g_inputs, _accumulate(g_vars, terms[2:]), input_sums
 
 
 def _after(*tensors: Optional[tf.Tensor]):
@@ -408,6 +464,20 @@ def _after(*tensors: Optional[tf.Tensor]):
 
 def _or_zeros(gradient: Optional[tf.Tensor], like: tf.Tensor) -> tf.Tensor:
     return tf.zeros_like(like) if gradient is None else gradient
+
+
+def _accumulate(sums: Sequence, parts: Sequence) -> list:
+    """``sums`` plus ``parts``, entry by entry, None standing for zeros (a variable a part does
+    not read): no op for it at all, unlike a zeros tensor added."""
+    return [a if b is None else b if a is None else a + b for a, b in zip(sums, parts)]
+
+
+def _add_rows(sums: tf.Tensor, rows) -> tf.Tensor:
+    """``sums`` [N, width] plus a gather's gradient: the rows of an ``IndexedSlices``, each
+    added at its index, or a dense [N, width] tensor."""
+    if isinstance(rows, tf.IndexedSlices):
+        return segment_add(sums, rows.values, rows.indices)
+    return sums + rows
 
 
 def _to_host(t: tf.Tensor) -> tf.Tensor:

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from hvdtrack import configtools
 from hvdtrack.errors import ConfigError
+from hvdtrack.model import recompute
 from hvdtrack.model.classifier import SegmentClassifier
 from hvdtrack.model.config import ModelConfig
 from hvdtrack.model.loss import weighted_bce
@@ -145,3 +146,15 @@ def test_the_chunk_by_threads():
     assert [auto_chunk_edges(t) for t in (1, 2, 3, 64)] == [2048, 8192, 16384, 16384]
     assert ModelConfig().chunk_edges == 0
     assert 2048 <= auto_chunk_edges() <= 16384  # this process's threads
+
+
+def test_a_chunk_loop_sums_the_gradients_of_the_variables_its_rows_read_only():
+    # Rows [[1], [2], [3]] times a = [[2]], in chunks of 2: b is not read. The rows' gradient
+    # for upstream ones is upstream @ a^T = 2 per row, a's is rows^T @ upstream = 6; b's is None
+    # (no sum carried through the loop), not zeros.
+    a, b = tf.Variable([[2.0]]), tf.Variable([[3.0]])
+    rows, upstream = tf.constant([[1.0], [2.0], [3.0]]), tf.ones([3, 1])
+    assert [v is a for v in recompute._read_by(lambda r: r @ a, [a, b], rows[:0])] == [True]
+    (g_rows,), (g_a, g_b) = recompute._vjp_in_chunks(lambda r: r @ a, [rows], upstream, [a, b], 2)
+    assert g_rows.numpy().tolist() == [[2.0], [2.0], [2.0]]
+    assert g_a.numpy().tolist() == [[6.0]] and g_b is None
