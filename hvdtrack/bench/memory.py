@@ -8,7 +8,7 @@
 held): the growth of the resident set over the first step and TensorFlow's allocator peak over a
 later one, printed as a table headed by the model's configuration. ``--plot PATH`` measures every
 size twice, as configured and with ``model.recompute`` flipped (so both "plain" and "recompute"
-appear; plain also turns ``model.offload`` off, which needs recompute), prints both tables and
+appear; plain also turns ``model.offload`` and ``model.keep_edge_term`` off, which need recompute), prints both tables and
 draws both in one PNG: KiB per edge (RSS growth solid, allocator peak dashed) against edges.
 With ``--breakdown`` each probe also lists the tensors held at the allocator's peak of a later
 step, by shape (``hvdtrack.bench.profile.live_at_peak``): what the figure is made of.
@@ -152,8 +152,9 @@ def memory_table(args: argparse.Namespace) -> int:
     if args.plot:
         model = run_config(args).model
         flip = ["model.recompute=false"] if model.recompute else ["model.recompute=true"]
-        if model.offload:  # offload needs recompute: plain runs without it
-            flip.append("model.offload=false")
+        for key in ("offload", "keep_edge_term"):  # need recompute: plain runs without them
+            if getattr(model, key):
+                flip.append(f"model.{key}=false")
         runs.append(argparse.Namespace(**{**vars(args), "overrides": args.overrides + flip}))
     series = {}
     for i, run in enumerate(runs):

@@ -328,9 +328,13 @@ class SegmentClassifier(snt.Module):
         def node_rows(received, sent, x, xe):
             return self._node_update.rows(received, sent, tf.concat([xe, x], axis=-1))
 
+        # The factorized update's edge term: computed per chunk from the encoded edges, or
+        # (keep_edge_term) once, kept, and passed as the steps' shared edge input.
+        edge_term = compute_dtype(self._edge_update.edge_term) if factorized else None
+        shared_edges = edge_term(encoded_edges) if config.keep_edge_term else encoded_edges
         parts = StepParts(
             compute_dtype(node_terms),
-            compute_dtype(self._edge_update.edge_term) if factorized else None,
+            None if config.keep_edge_term else edge_term,
             *map(compute_dtype, (edge_rows, head_rows, node_rows)),
             summed=factorized,
         )
@@ -340,7 +344,7 @@ class SegmentClassifier(snt.Module):
             parts, graphs.senders, graphs.receivers, chunk, wanted,
             every=config.boundary_every, offload=config.offload,
         )  # fmt: skip
-        logits = run(encoded_nodes, encoded_edges, encoded_nodes, encoded_edges)
+        logits = run(encoded_nodes, encoded_edges, encoded_nodes, shared_edges)
         return [x for x, want in zip(logits, wanted) if want]
 
 

@@ -53,6 +53,11 @@ class ModelConfig:
       boundary_every: with ``recompute``, keep the boundaries of every this many steps
         (1: every step's); the backward pass computes the boundaries in between again (one
         more edge pass per step that was not kept) for about 1/boundary_every of their memory.
+      keep_edge_term: with ``recompute`` and ``factorized_edge_update``, keep the edge term
+        every step shares (``e_enc @ W_e_enc + b``, [E, H]) and sum its gradient over the
+        steps, instead of computing it and its gradient again per step and chunk: 3 H float
+        more per edge (768 bytes in float32 at H = 128), for a recomputed step about 10%
+        faster (docs/performance.md, "The shared edge term kept").
       offload: with ``recompute``, keep the step boundaries in host memory between the forward
         and the backward pass (a GPU's memory then holds one step); on a CPU host memory is
         where they are, and this changes nothing.
@@ -79,6 +84,7 @@ class ModelConfig:
     recompute: bool = False
     chunk_edges: int = 0
     boundary_every: int = 1
+    keep_edge_term: bool = False
     offload: bool = False
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
 
@@ -127,6 +133,7 @@ class ModelConfig:
             "output_every_step",
             "factorized_edge_update",
             "recompute",
+            "keep_edge_term",
             "offload",
         ):
             check(isinstance(getattr(self, key), bool), key, "must be true or false")
@@ -141,6 +148,11 @@ class ModelConfig:
             isinstance(every, int) and not isinstance(every, bool) and every >= 1,
             "boundary_every",
             f"must be an integer >= 1, got {every!r}",
+        )
+        check(
+            self.recompute and self.factorized_edge_update or not self.keep_edge_term,
+            "keep_edge_term",
+            "needs model.recompute=true and model.factorized_edge_update=true",
         )
         check(
             self.recompute or not self.offload,

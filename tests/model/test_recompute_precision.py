@@ -49,13 +49,28 @@ def test_recomputed_gradients_equal_plain_ones(
     config = dataclasses.replace(
         TINY, layer_norm=True, factorized_edge_update=factorized, output_every_step=every_step
     )
+    changes = dict(chunk_edges=chunk, offload=offload, boundary_every=every)
+    assert_recompute_gives_the_plain_gradients(graphs, config, changes, compiled)
+
+
+@pytest.mark.parametrize(
+    "compiled, chunk, every, every_step",
+    [(False, 16384, 1, True), (True, 3, 1, True), (True, 2, 2, False), (False, 1, 3, True)],
+)
+def test_the_kept_edge_term_gives_the_plain_gradients(graphs, compiled, chunk, every, every_step):
+    # model.keep_edge_term: the term passes through the steps as their shared edge input, its
+    # gradient summed over them in one [E, H] buffer and taken through e_enc @ W_e_enc once.
+    config = dataclasses.replace(
+        TINY, layer_norm=True, factorized_edge_update=True, output_every_step=every_step
+    )
+    changes = dict(chunk_edges=chunk, boundary_every=every, keep_edge_term=True)
+    assert_recompute_gives_the_plain_gradients(graphs, config, changes, compiled)
+
+
+def assert_recompute_gives_the_plain_gradients(graphs, config, changes, compiled):
     labels = tf.constant([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
     plain = SegmentClassifier(config)
-    recomputed = SegmentClassifier(
-        dataclasses.replace(
-            config, recompute=True, chunk_edges=chunk, offload=offload, boundary_every=every
-        )
-    )
+    recomputed = SegmentClassifier(dataclasses.replace(config, recompute=True, **changes))
     plain(graphs), recomputed(graphs)
     copy_weights(plain, recomputed)
     loss_a, grads_a = loss_and_gradients(plain, graphs, labels, compiled)
@@ -103,6 +118,12 @@ def test_bfloat16_keeps_float32_variables_and_logits_close_to_float32(graphs):
         (dict(recompute=True, chunk_edges=-1), "'model.chunk_edges' must be an integer from 0"),
         (dict(chunk_edges=True), "'model.chunk_edges' must be an integer"),
         (dict(boundary_every=0), "'model.boundary_every' must be an integer >= 1, got 0"),
+        (dict(keep_edge_term=1), "'model.keep_edge_term' must be true or false"),
+        (dict(keep_edge_term=True), "'model.keep_edge_term' needs model.recompute=true and"),
+        (
+            dict(keep_edge_term=True, recompute=True),
+            "'model.keep_edge_term' needs .* model.factorized_edge_update=true",
+        ),
     ],
 )
 def test_bad_switches_are_rejected_naming_the_key(changes, message):
