@@ -55,9 +55,10 @@ class ModelConfig:
         more edge pass per step that was not kept) for about 1/boundary_every of their memory.
       keep_edge_term: with ``recompute`` and ``factorized_edge_update``, keep the edge term
         every step shares (``e_enc @ W_e_enc + b``, [E, H]) and sum its gradient over the
-        steps, instead of computing it and its gradient again per step and chunk: 3 H float
-        more per edge (768 bytes in float32 at H = 128), for a recomputed step about 10%
-        faster (docs/performance.md, "The shared edge term kept").
+        steps, instead of computing it and its gradient again per step and chunk: 2 H - L_e
+        more floats per edge (768 bytes in float32 at H = 128, L_e = 64), for a recomputed step
+        6-11% (one thread) or 2-6% (two) faster at 160k edges (docs/performance.md, "The
+        shared edge term kept").
       offload: with ``recompute``, keep the step boundaries in host memory between the forward
         and the backward pass (a GPU's memory then holds one step); on a CPU host memory is
         where they are, and this changes nothing.
