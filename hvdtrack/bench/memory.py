@@ -8,8 +8,9 @@
 held): the growth of the resident set over the first step and TensorFlow's allocator peak over a
 later one, printed as a table headed by the model's configuration. ``--plot PATH`` measures every
 size twice, as configured and with ``model.recompute`` flipped (so both "plain" and "recompute"
-appear; plain also turns ``model.offload`` and ``model.keep_edge_term`` off, which need recompute), prints both tables and
-draws both in one PNG: KiB per edge (RSS growth solid, allocator peak dashed) against edges.
+appear; plain also turns ``model.offload`` and ``model.keep_edge_term`` off, which need
+recompute), prints both tables and draws both in one PNG: KiB per edge (RSS growth solid,
+allocator peak dashed) against edges.
 With ``--breakdown`` each probe also lists the tensors held at the allocator's peak of a later
 step, by shape (``hvdtrack.bench.profile.live_at_peak``): what the figure is made of.
 ``--memory-budget`` bisects the edge count (nodes = edges / 8) for the largest graph whose step

@@ -199,8 +199,8 @@ def _vjp_in_chunks(fn: Callable, rows: Sequence[tf.Tensor], upstream, variables,
 
 def _read_by(fn: Callable, variables: Sequence[tf.Variable], *args) -> list[tf.Variable]:
     """Those of ``variables`` that ``fn(*args)`` reads, in their order (a run on ``args``,
-    which should be rows of none). A chunk loop carries a gradient sum for each of them only:
-    every tensor a ``tf.while_loop`` carries costs control-flow ops at every iteration."""
+    which should be rows of none). A chunk loop carries a gradient sum for each of them only,
+    and adds no zeros for the others."""
     with tf.GradientTape() as tape:
         fn(*args)
     watched = {v.ref() for v in tape.watched_variables()}
@@ -410,6 +410,7 @@ def _backward(graph: _Edges, x, e, sums, xe, ee, variables, step, g_in, g_logits
             t_c, targets = rows_and_head(e_c, ee_c, recv_c, send_c)
             tape.watch(t_c)  # T's gradient: also the gathered rows' (``summed``)
         upstream = [g_new, graph.rows(i, g_logits)[0]][: len(targets)]
+        # With ``edge_term`` None, t_c is ee_c listed twice: each entry gets the whole gradient.
         sources = [e_c, ee_c, t_c, *nodes]
         grads = tape.gradient(targets, [*sources, *read], upstream, NONE)
         g_e_c, g_ee_c, g_t_c = (_or_zeros(g, like) for g, like in zip(grads[:3], sources))
