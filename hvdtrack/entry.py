@@ -3,7 +3,8 @@
 Every entry point (``hvdtrack COMMAND`` and each ``python -m hvdtrack.X``) ends with
 ``sys.exit(run(main))``; nothing is set by importing a module of the package.
 
-Public symbols: ``QUIET``, ``TRAINING``, ``ALLOCATOR``, ``start``, ``choose_allocator``, ``run``.
+Public symbols: ``QUIET``, ``TRAINING``, ``ALLOCATOR``, ``start``, ``choose_allocator``,
+``allocator_in_use``, ``run``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ TRAINING: Mapping[str, str] = {
     # The default CPU allocator returns large buffers to the OS after every step; with graphs of
     # ~10^5 edges that costs ~10^6 page faults per step (a third of it). The caching (BFC)
     # allocator keeps them: 1.3-1.6x faster steps (measured when the bench still compared both).
-    # With model.recompute the system allocator instead (``choose_allocator``).
+    # A memory-first model (model.recompute) runs the system allocator (``choose_allocator``).
     ALLOCATOR: "true",
     # Same seed, same weights: with TensorFlow's oneDNN kernels a process of a 2-rank job
     # computed one of two different gradients for the same batch and weights (the kernels' order
@@ -56,19 +57,32 @@ def start(settings: Mapping[str, str], environ: Optional[MutableMapping[str, str
         environ[SUPPLIED] = ",".join(sorted(supplied))
 
 
-def choose_allocator(recompute: bool, environ: Optional[MutableMapping[str, str]] = None) -> None:
+def choose_allocator(
+    memory_first: bool, environ: Optional[MutableMapping[str, str]] = None
+) -> None:
     """TensorFlow's CPU allocator for a process that trains a model, once its configuration is
     read and before TensorFlow starts (a value the user set wins).
 
-    The plain step keeps the caching (BFC) allocator (``TRAINING``). With ``model.recompute``
-    memory comes first: the caching allocator keeps every block it once held, and its
-    fragmentation kept 400-500 MiB beyond the live tensors at a million edges (4.21-4.34 GiB
-    peak resident set against 3.84-3.95 GiB with the system allocator, which returns large
-    blocks on free), at the same step time there on one thread; about 5% slower at 160,000
-    edges, and 1.41x slower on two threads at 1.14M edges, where every step faults in its large
-    buffers afresh (``docs/performance.md``): set ``TF_CPU_ALLOCATOR_USE_BFC=true`` for speed
-    when the graph fits that way."""
-    start({ALLOCATOR: "false" if recompute else "true"}, environ)
+    The caching (BFC) allocator (``TRAINING``) unless the model is ``memory_first``
+    (``ModelConfig.memory_first``: ``model.recompute`` without ``model.keep_edge_term``). The
+    caching allocator keeps every block it once held, and where its blocks fall varies: at a
+    million edges, recomputed, its peak resident set was 4.17-4.18 GiB in one run and 3.83-3.94
+    GiB in another, against 3.66-3.93 GiB with the system allocator, which returns large blocks
+    on free. The system allocator gives every large tensor fresh pages instead, faulted in at
+    every step: 130-220 thousand page faults a step at 160,000 edges, where the recomputed step
+    with the kept edge term took 1.36-1.54x the plain step with it and 1.21-1.30x with the
+    caching allocator (one thread), and 25.6-29.1 against 22.3-23.9 s a step at a million
+    edges (``docs/performance.md``, "The recomputed step's allocator"). So memory first means
+    the system allocator, and ``keep_edge_term``, which spends memory for speed, keeps the
+    caching one."""
+    start({ALLOCATOR: "false" if memory_first else "true"}, environ)
+
+
+def allocator_in_use(environ: Optional[Mapping[str, str]] = None) -> str:
+    """TensorFlow's CPU allocator as ``ALLOCATOR`` sets it: "caching" for "true" or "1" (any
+    case, as TensorFlow reads it), else "system" (unset, or a value TensorFlow refuses)."""
+    value = (os.environ if environ is None else environ).get(ALLOCATOR, "")
+    return "caching" if value.lower() in ("true", "1") else "system"
 
 
 def run(

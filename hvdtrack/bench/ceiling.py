@@ -178,7 +178,7 @@ def _time_step(job: dict, cores: list[int], index: int, barrier, results) -> Non
         for override in job["overrides"]:
             argv += ["--set", override]
         args = model.parse_args(argv)
-        choose_allocator(workload.run_config(args).model.recompute)
+        choose_allocator(workload.run_config(args).model.memory_first)
         step = workload.step_fn(
             workload.build_step(args), *workload.synthetic_graph(job["nodes"], job["edges"])
         )

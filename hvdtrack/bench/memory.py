@@ -16,8 +16,9 @@ step, by shape (``hvdtrack.bench.profile.live_at_peak``): what the figure is mad
 ``--memory-budget`` bisects the edge count (nodes = edges / 8) for the largest graph whose step
 keeps the process's peak resident set within the budget (its probes run the first step only).
 Each probe runs with training's allocator for its model (``hvdtrack.entry.choose_allocator``):
-with ``model.recompute`` the system allocator, which keeps no figures (allocator peak "-", no
-``--breakdown`` tensors) unless ``TF_CPU_ALLOCATOR_USE_BFC=true`` is set. ``--json PATH`` keeps
+with ``model.recompute`` (memory first, without ``model.keep_edge_term``) the system allocator,
+which keeps no figures (allocator peak "-", no ``--breakdown`` tensors) unless
+``TF_CPU_ALLOCATOR_USE_BFC=true`` is set. ``--json PATH`` keeps
 every figure (with ``--plot``: ``{"series": {"plain": {config, records}, "recompute": {...}}}``).
 
 Public symbols: ``parse_bytes``, ``probe``, ``measure_memory``, ``memory_table``,

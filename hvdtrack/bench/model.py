@@ -52,7 +52,7 @@ from hvdtrack.bench.workload import (
     time_calls,
     write_figures,
 )
-from hvdtrack.entry import TRAINING, choose_allocator, start
+from hvdtrack.entry import TRAINING, allocator_in_use, choose_allocator, start
 from hvdtrack.errors import HvdtrackError
 
 
@@ -62,7 +62,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Training's process settings (its allocator), before TensorFlow starts; explicit values win.
     start(TRAINING)
     try:
-        choose_allocator(run_config(args).model.recompute)
+        choose_allocator(run_config(args).model.memory_first)
         if args.probe:
             return memory.probe(args)
         return _run(args)
@@ -144,7 +144,10 @@ def _run(args: argparse.Namespace) -> int:
     config = trainer.config.model
     num_params = num_parameters(config, NUM_NODE_FEATURES, NUM_EDGE_FEATURES)
     print(f"model: {config}")
-    print(f"parameters: {num_params:,}; threads: {trainer.workers.threads}; {_load()}")
+    print(
+        f"parameters: {num_params:,}; threads: {trainer.workers.threads}; "
+        f"allocator: {allocator_in_use()}; {_load()}"
+    )
     records = []
     for num_nodes, num_edges in zip(args.nodes, args.edges):
         graphs, labels = synthetic_graph(num_nodes, num_edges, args.seed)

@@ -4,7 +4,7 @@ training step on one synthetic graph, and the timing of calls.
 ``build_step(args)`` builds the step ``hvdtrack train`` runs (``hvdtrack.train.step.TrainStep``)
 from the bench's command line (``--config``, ``--set`` overrides, ``--threads``);
 ``step_fn(step, *synthetic_graph(num_nodes, num_edges))`` is one training step per call;
-``time_calls`` times such calls (median, spread, process CPU time). ``write_figures`` keeps a
+``time_calls`` times such calls (median, spread, process CPU time, page faults). ``write_figures`` keeps a
 bench's configuration and records as JSON.
 
 Public symbols: ``NUM_NODE_FEATURES``, ``NUM_EDGE_FEATURES``, ``EDGES_PER_NODE``, ``Timing``,
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import resource
 import statistics
 import time
 from typing import Callable, Optional
@@ -30,10 +31,12 @@ EDGES_PER_NODE = 8  # of the benches' default graphs and of the memory bisection
 
 @dataclasses.dataclass
 class Timing:
-    """Wall and process-CPU seconds per call of one timed function (warm-up excluded)."""
+    """Wall and process-CPU seconds per call of one timed function (warm-up excluded), and the
+    process's minor page faults per call (``time_calls``; empty where not counted)."""
 
     seconds: list[float]
     cpu_seconds: list[float]
+    page_faults: list[int] = dataclasses.field(default_factory=list)
     median: float = dataclasses.field(init=False)
     cpu_median: float = dataclasses.field(init=False)
 
@@ -43,20 +46,29 @@ class Timing:
 
     def describe(self) -> str:
         ms = [1e3 * x for x in (self.median, min(self.seconds), max(self.seconds))]
-        return f"{ms[0]:.1f} ms (min {ms[1]:.1f}, max {ms[2]:.1f}; CPU {1e3 * self.cpu_median:.1f})"
+        faults = ""
+        if self.page_faults:  # fresh pages from the kernel: the allocator's cost, see entry.py
+            faults = f"; {statistics.median(self.page_faults):,.0f} page faults"
+        return (
+            f"{ms[0]:.1f} ms (min {ms[1]:.1f}, max {ms[2]:.1f}; CPU {1e3 * self.cpu_median:.1f}"
+            f"{faults})"
+        )
 
 
 def time_calls(fn: Callable[[], object], warmup: int, repeats: int) -> Timing:
-    """Calls ``fn`` ``warmup`` times untimed, then times ``repeats`` calls."""
+    """Calls ``fn`` ``warmup`` times untimed, then times ``repeats`` calls (and counts the
+    process's minor page faults over each)."""
     for _ in range(warmup):
         fn()
-    seconds, cpu_seconds = [], []
+    seconds, cpu_seconds, faults = [], [], []
     for _ in range(repeats):
         start, start_cpu = time.perf_counter(), time.process_time()
+        start_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         fn()
         seconds.append(time.perf_counter() - start)
         cpu_seconds.append(time.process_time() - start_cpu)
-    return Timing(seconds, cpu_seconds)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start_faults)
+    return Timing(seconds, cpu_seconds, faults)
 
 
 def run_config(args: argparse.Namespace):

@@ -58,7 +58,10 @@ class ModelConfig:
         steps, instead of computing it and its gradient again per step and chunk: 2 H - L_e
         more floats per edge (768 bytes in float32 at H = 128, L_e = 64), for a recomputed step
         6-11% (one thread) or 2-6% (two) faster at 160k edges (docs/performance.md, "The
-        shared edge term kept").
+        shared edge term kept"). Speed first: the process also keeps TensorFlow's caching
+        allocator (``memory_first`` is false), whose reused blocks make the recomputed step
+        1.21-1.30x the plain one there on one thread, against 1.36-1.54x with the system
+        allocator (docs/performance.md, "The recomputed step's allocator").
       offload: with ``recompute``, keep the step boundaries in host memory between the forward
         and the backward pass (a GPU's memory then holds one step); on a CPU host memory is
         where they are, and this changes nothing.
@@ -170,6 +173,13 @@ class ModelConfig:
             "activation",
             f"must be one of {', '.join(map(repr, ACTIVATION_NAMES))}, got {self.activation!r}",
         )
+
+    @property
+    def memory_first(self) -> bool:
+        """``recompute`` without ``keep_edge_term``: the step gives speed for memory, and the
+        process that trains it runs TensorFlow's system allocator, which returns large blocks
+        on free, instead of the caching one (``hvdtrack.entry.choose_allocator``)."""
+        return self.recompute and not self.keep_edge_term
 
     @property
     def node_latent_size(self) -> int:

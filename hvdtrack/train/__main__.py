@@ -91,7 +91,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.print_config:
         print(json.dumps(config_to_dict(config), indent=2))
         return 0
-    choose_allocator(config.model.recompute)  # before anything imports TensorFlow
+    choose_allocator(config.model.memory_first)  # before anything imports TensorFlow
     from hvdtrack.distributed.launch import check_start, ensure_dataset
 
     check_start(config)  # launcher and strategy agree, the model fits: before anything is written

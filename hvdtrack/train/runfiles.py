@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrack.config import config_to_dict
+from hvdtrack.entry import allocator_in_use
 from hvdtrack.errors import ConfigError
 from hvdtrack.inputs.balance import EpochPlan
 from hvdtrack.runs import rundir, runinfo, timing
@@ -162,6 +163,8 @@ def run_info(
         metrics=metrics or {},
         energy=energy,
         steps_per_epoch=size.steps_per_epoch,
+        # TensorFlow's CPU allocator, "caching" or "system": step times depend on it
+        allocator=allocator_in_use(),
         # tracing the step's compiled parts, before the first epoch (seconds, this rank)
         compile_s=run.compile_s,
         # max/mean edges per worker per step, mean over the steps of the first epoch's plan

@@ -8,6 +8,7 @@ import pytest
 
 from hvdtrack.bench import model as bench
 from hvdtrack.bench import profile
+from hvdtrack.bench.workload import Timing, time_calls
 
 
 def test_benchmark_times_the_trainers_step_and_writes_records(tmp_path, capsys):
@@ -25,9 +26,25 @@ def test_benchmark_times_the_trainers_step_and_writes_records(tmp_path, capsys):
     records = json.loads(out.read_text())["records"]
     assert [(r["nodes"], r["edges"]) for r in records] == [(20, 60), (40, 60)]
     assert len(records[0]["step"]["seconds"]) == 1
+    assert len(records[0]["step"]["page_faults"]) == 1
     shares = records[0]["breakdown"]
     assert set(shares) == set(profile.CATEGORIES)
     assert shares["matmul"] > 0 and shares["optimizer"] > 0 and shares["segment sum"] > 0
+
+
+def test_a_timing_says_its_median_call_and_page_faults():
+    timing = Timing([0.3, 0.1, 0.2], [0.2, 0.1, 0.3], [3000, 1000, 2000])
+    assert timing.describe() == "200.0 ms (min 100.0, max 300.0; CPU 200.0; 2,000 page faults)"
+    assert Timing([0.1], [0.1]).describe() == "100.0 ms (min 100.0, max 100.0; CPU 100.0)"
+
+
+def test_time_calls_counts_the_pages_a_call_faults_in():
+    # 64 MiB written afresh per call: glibc maps a block that large and unmaps it on free, so
+    # each call faults in at least its 16,384 pages of 4 KiB (fewer with huge pages).
+    timing = time_calls(lambda: len(b"x" * (64 << 20)), warmup=1, repeats=2)
+    assert len(timing.page_faults) == 2
+    assert all(faults >= 32 for faults in timing.page_faults)
+    assert all(faults <= 10 * 16384 for faults in timing.page_faults)
 
 
 @pytest.mark.parametrize(

@@ -6,16 +6,17 @@ import sys
 
 import pytest
 
+from hvdtrack.entry import ALLOCATOR, SUPPLIED
 from tests.launch import worker_env
 
 pytestmark = pytest.mark.slow
 
 
-def train(cwd, *args):
+def train(cwd, *args, env=None):
     return subprocess.run(
         [sys.executable, "-m", "hvdtrack.train", *args],
         cwd=cwd,
-        env=worker_env(),
+        env=env or worker_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -33,6 +34,21 @@ def test_train_prepares_the_missing_dataset_then_trains(tmp_path):
     assert not [p for p in (tmp_path / "data").iterdir() if p.name.startswith(".")]  # no staging
     info = json.loads((tmp_path / "runs/tiny/run.json").read_text())
     assert info["status"] == "finished" and info["config_name"] == "tiny"
+
+
+def test_a_memory_first_model_trains_with_the_system_allocator_and_says_so(tmp_path):
+    env = worker_env()
+    env.pop(ALLOCATOR, None)  # the test session's own choice would win over the command's
+    env.pop(SUPPLIED, None)
+    model = ["model.factorized_edge_update=true", "model.recompute=true"]
+    for keep, allocator in [("false", "system"), ("true", "caching")]:
+        run_dir = tmp_path / f"runs/keep-{keep}"
+        result = train(
+            tmp_path, "--config", "tiny", "train.epochs=1", "train.progress_bar=false",
+            f"train.run_dir={run_dir}", *model, f"model.keep_edge_term={keep}", env=env,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+        assert json.loads((run_dir / "run.json").read_text())["allocator"] == allocator
 
 
 def test_failed_preparation_stops_training_with_the_error(tmp_path):
