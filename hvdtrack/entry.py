@@ -70,7 +70,7 @@ def choose_allocator(
     GiB in another, against 3.66-3.93 GiB with the system allocator, which returns large blocks
     on free. The system allocator gives every large tensor fresh pages instead, faulted in at
     every step: 130-220 thousand page faults a step at 160,000 edges, where the recomputed step
-    with the kept edge term took 1.36-1.54x the plain step with it and 1.21-1.30x with the
+    with the kept edge term took 1.36-1.54x the plain step with it and 1.21-1.31x with the
     caching allocator (one thread), and 25.6-29.1 against 22.3-23.9 s a step at a million
     edges (``docs/performance.md``, "The recomputed step's allocator"). So memory first means
     the system allocator, and ``keep_edge_term``, which spends memory for speed, keeps the

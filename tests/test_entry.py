@@ -51,8 +51,8 @@ def test_a_model_is_memory_first_when_it_recomputes_without_keeping_the_edge_ter
 
 @pytest.mark.parametrize(
     "value, name",
-    [(None, "system"), ("true", "caching"), ("TRUE", "caching"), (" true", "system"), ("1", "caching"),
-     ("false", "system"), ("0", "system")],
+    [(None, "system"), ("true", "caching"), ("TRUE", "caching"), ("1", "caching"),
+     (" true", "system"), ("false", "system"), ("0", "system")],
 )  # fmt: skip
 def test_the_allocator_in_use_is_read_as_tensorflow_reads_it(value, name):
     assert allocator_in_use({} if value is None else {ALLOCATOR: value}) == name

@@ -18,8 +18,8 @@ keeps the process's peak resident set within the budget (its probes run the firs
 Each probe runs with training's allocator for its model (``hvdtrack.entry.choose_allocator``):
 with ``model.recompute`` (memory first, without ``model.keep_edge_term``) the system allocator,
 which keeps no figures (allocator peak "-", no ``--breakdown`` tensors) unless
-``TF_CPU_ALLOCATOR_USE_BFC=true`` is set. ``--json PATH`` keeps
-every figure (with ``--plot``: ``{"series": {"plain": {config, records}, "recompute": {...}}}``).
+``TF_CPU_ALLOCATOR_USE_BFC=true`` is set. ``--json PATH`` keeps every figure (with ``--plot``:
+``{"series": {"plain": {config, records}, "recompute": {...}}}``).
 
 Public symbols: ``parse_bytes``, ``probe``, ``measure_memory``, ``memory_table``,
 ``largest_graph``, ``memory_per_edge_png``.

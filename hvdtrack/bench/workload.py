@@ -4,8 +4,8 @@ training step on one synthetic graph, and the timing of calls.
 ``build_step(args)`` builds the step ``hvdtrack train`` runs (``hvdtrack.train.step.TrainStep``)
 from the bench's command line (``--config``, ``--set`` overrides, ``--threads``);
 ``step_fn(step, *synthetic_graph(num_nodes, num_edges))`` is one training step per call;
-``time_calls`` times such calls (median, spread, process CPU time, page faults). ``write_figures`` keeps a
-bench's configuration and records as JSON.
+``time_calls`` times such calls (median, spread, process CPU time, page faults).
+``write_figures`` keeps a bench's configuration and records as JSON.
 
 Public symbols: ``NUM_NODE_FEATURES``, ``NUM_EDGE_FEATURES``, ``EDGES_PER_NODE``, ``Timing``,
 ``time_calls``, ``run_config``, ``build_step``, ``step_fn``, ``synthetic_graph``,

@@ -60,7 +60,7 @@ class ModelConfig:
         6-11% (one thread) or 2-6% (two) faster at 160k edges (docs/performance.md, "The
         shared edge term kept"). Speed first: the process also keeps TensorFlow's caching
         allocator (``memory_first`` is false), whose reused blocks make the recomputed step
-        1.21-1.30x the plain one there on one thread, against 1.36-1.54x with the system
+        1.21-1.31x the plain one there on one thread, against 1.36-1.54x with the system
         allocator (docs/performance.md, "The recomputed step's allocator").
       offload: with ``recompute``, keep the step boundaries in host memory between the forward
         and the backward pass (a GPU's memory then holds one step); on a CPU host memory is
