@@ -132,6 +132,7 @@ def test_a_broken_override_value_names_the_override():
         ("train.batch_graphs=1000000", "'train.batch_graphs' must be in [1, 65536]"),
         ("train.epochs=1000000000", "'train.epochs' must be in [1, 1000000]"),
         ("train.keep_checkpoints=100000", "'train.keep_checkpoints' must be in [1, 1000]"),
+        ("train.sort_window=0", "'train.sort_window' must be in [1, 1000000]"),
         (
             f"train.thresholds=[{','.join(['0.5'] * 65)}]",
             "'train.thresholds' needs 1 to 64 thresholds, got 65",

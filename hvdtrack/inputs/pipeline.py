@@ -99,6 +99,8 @@ def plan_train_epoch(
     shards_per_group: int = 4,
     dataset: str = "the dataset",
     subgraphs: Optional[SubgraphSampling] = None,
+    sort_window: int = 1,
+    node_cost: float = 0.0,
 ) -> EpochPlan:
     """``balance.plan_epoch`` over a split of the manifest (``subgraphs.plan_subgraph_epoch``
     with ``subgraphs``).
@@ -113,6 +115,10 @@ def plan_train_epoch(
       dataset: names the dataset in error messages.
       subgraphs: plan subgraph mini-batches with these settings (``batch_graphs`` then counts
         subgraphs); they are read by offset, so the shards must be uncompressed.
+      sort_window: steps of graphs of similar cost (``balance.plan_epoch``) when read by
+        offset; streamed shards keep their order.
+      node_cost: what a node costs a worker, in edges: a graph costs its edges plus
+        ``node_cost`` times its nodes.
 
     Raises:
       ConfigError: random access (or subgraphs) asked for gzip-compressed shards.
@@ -137,6 +143,7 @@ def plan_train_epoch(
             "offset: plan with random_access=False (or prepare with records.compression=none)"
         )
     layout = {} if random_access else {"shard_of": table.shard, "record_of": table.record}
+    cost = np.asarray(table.num_edges) + node_cost * np.asarray(table.num_nodes, np.float64)
     return plan_epoch(
         table.num_edges,
         num_workers,
@@ -144,6 +151,8 @@ def plan_train_epoch(
         seed,
         epoch,
         shards_per_group=shards_per_group,
+        sort_window=sort_window if random_access else 1,
+        cost=cost,
         **layout,
     )
 

@@ -11,6 +11,7 @@ from hvdtrack.inputs.subgraphs import SubgraphConfig
 # Upper bounds, far above real use, so that a typo is refused by name (see TrainConfig).
 MAX_EPOCHS = 1_000_000
 MAX_BATCH_GRAPHS = 65536
+MAX_SORT_WINDOW = 1_000_000
 MAX_KEEP_CHECKPOINTS = 1000
 MAX_THRESHOLDS = 64
 
@@ -25,6 +26,14 @@ class TrainConfig:
     ``subgraphs`` (``hvdtrack.inputs.subgraphs.SubgraphConfig``) switches training to subgraph
     mini-batches: seed edges with their k-hop neighbourhoods, the loss on the seeds only;
     validation stays on whole graphs.
+
+    ``sort_window``: the epoch's shuffled graphs are taken this many steps at a time, sorted by
+    cost (edges, and nodes weighted by the model's FLOPs per node against per edge) and cut
+    into steps again, in a random order: a step's graphs are of similar size, so the workers of
+    a synchronous step finish together (``hvdtrack.inputs.balance``; bucketing by size, as
+    ``tf.data``'s ``bucket_by_sequence_length``). Which graphs share a step depends on the
+    global batch only, not on the number of workers. 1 keeps the steps as read. Graphs read
+    by offset only (uncompressed shards); streamed shards keep their order.
 
     ``stop_after_steps`` ends this invocation after that many optimizer steps with a checkpoint
     (status "stopped"), e.g. to fit a batch job's time limit; running the same command again
@@ -42,12 +51,14 @@ class TrainConfig:
 
     ``run_dir`` may not be empty (the run would be written into the current directory). Upper
     bounds, far above real use: ``epochs`` 1,000,000, ``batch_graphs`` 65536 (``MAX_BATCH_GRAPHS``),
+    ``sort_window`` 1,000,000,
     ``keep_checkpoints`` 1000, 64 ``thresholds``.
     """
 
     run_dir: str = "runs/default"
     epochs: int = 10
     batch_graphs: int = 1
+    sort_window: int = 8
     max_steps_per_epoch: Optional[int] = None
     learning_rate: float = 1e-3
     lr_scaling: Literal["none", "linear", "sqrt"] = "sqrt"
@@ -88,6 +99,12 @@ class TrainConfig:
             1 <= self.batch_graphs <= MAX_BATCH_GRAPHS,
             "batch_graphs",
             f"must be in [1, {MAX_BATCH_GRAPHS}] (graphs per worker and step)",
+        )
+        check(
+            1 <= self.sort_window <= MAX_SORT_WINDOW,
+            "sort_window",
+            f"must be in [1, {MAX_SORT_WINDOW}] (steps per window of graphs sorted by cost; "
+            "1: steps as read)",
         )
         check(
             self.max_steps_per_epoch is None or self.max_steps_per_epoch >= 1,

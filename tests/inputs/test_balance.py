@@ -157,6 +157,87 @@ def test_plan_with_shards_reads_whole_shards_in_a_new_order_each_epoch():
     assert plans[0].shard_order.tolist() != plans[1].shard_order.tolist()
 
 
+def test_a_sort_window_pairs_graphs_of_neighbouring_size():
+    # 16 graphs of 1-16 edges, 2 workers x 1 graph: 8 steps, windows of 2 steps (4 graphs)
+    edges = np.array([5, 1, 8, 3, 7, 2, 6, 4, 13, 9, 16, 11, 15, 10, 14, 12])
+    plan = plan_epoch(edges, 2, 1, seed=0, epoch=0, sort_window=2)
+    as_read = plan_epoch(edges, 2, 1, seed=0, epoch=0)
+    for start in range(0, 16, 4):
+        window = np.sort(edges[as_read.order[start : start + 4]])
+        steps = sorted(sorted(step.tolist()) for step in plan.edges[start // 2 : start // 2 + 2])
+        assert steps == [window[:2].tolist(), window[2:].tolist()]
+    assert plan.mean_imbalance < as_read.mean_imbalance
+
+
+def test_each_sort_window_keeps_the_graphs_read_for_it():
+    rng = np.random.default_rng(2)
+    edges = rng.integers(100, 1000, 50)
+    as_read = plan_epoch(edges, 2, 2, seed=5, epoch=3)
+    plan = plan_epoch(edges, 2, 2, seed=5, epoch=3, sort_window=3)  # windows of 12 graphs
+    for start in range(0, 48, 12):
+        window = plan.order[start : start + 12]
+        assert set(window.tolist()) == set(as_read.order[start : start + 12].tolist())
+        # cut into steps of 4 by size: each step holds 4 consecutive sizes of its window
+        ranks = np.argsort(np.argsort(edges[window], kind="stable"), kind="stable")
+        assert sorted(sorted(ranks[i : i + 4] // 4) for i in range(0, 12, 4)) == [
+            [0] * 4,
+            [1] * 4,
+            [2] * 4,
+        ]
+    np.testing.assert_array_equal(plan.order[48:], as_read.order[48:])  # unused, last
+
+
+def test_a_sort_window_makes_the_same_steps_for_any_number_of_workers():
+    rng = np.random.default_rng(3)
+    edges = rng.integers(100, 1000, 40)
+    one = plan_epoch(edges, 1, 4, seed=1, epoch=0, sort_window=4)
+    four = plan_epoch(edges, 4, 1, seed=1, epoch=0, sort_window=4)
+    np.testing.assert_array_equal(one.order, four.order)
+    np.testing.assert_array_equal(
+        np.sort(one.graph_ids[0], axis=1), np.sort(four.graph_ids[:, :, 0].T, axis=1)
+    )
+
+
+def test_a_sort_window_orders_by_the_cost_given():
+    # equal edges, costs 4, 1, 3, 2: the cheap pair and the dear pair share steps
+    plan = plan_epoch(
+        np.full(4, 10), 2, 1, seed=0, epoch=0, sort_window=2, cost=[4.0, 1.0, 3.0, 2.0]
+    )
+    assert sorted(sorted(plan.graph_ids[:, s, 0].tolist()) for s in range(2)) == [[0, 2], [1, 3]]
+
+
+def test_a_sort_window_balances_the_steps_of_the_default_dataset():
+    plans = [
+        plan_epoch(DEFAULT_TRAIN_EDGES, 2, 1, seed=1, epoch=e, sort_window=8) for e in range(24)
+    ]
+    as_read = [plan_epoch(DEFAULT_TRAIN_EDGES, 2, 1, seed=1, epoch=e) for e in range(24)]
+    assert np.mean([p.mean_imbalance for p in plans]) - 1 < 0.02
+    assert np.mean([p.mean_imbalance for p in as_read]) - 1 > 0.03
+    # still other steps every epoch: 20 steps, windows of 5 (a quarter of the epoch)
+    assert len({tuple(np.sort(p.graph_ids[:, 0, 0]).tolist()) for p in plans}) > 12
+
+
+def test_a_sort_window_spans_at_most_a_quarter_of_the_epoch():
+    # 8 workers on 40 graphs: 5 steps, a window of 1 step: the steps as read
+    plan = plan_epoch(DEFAULT_TRAIN_EDGES, 8, 1, seed=1, epoch=0, sort_window=8)
+    np.testing.assert_array_equal(
+        plan.order, plan_epoch(DEFAULT_TRAIN_EDGES, 8, 1, seed=1, epoch=0).order
+    )
+    # 16 steps: windows of 4 steps, not 8
+    edges = np.arange(32)
+    plan = plan_epoch(edges, 2, 1, seed=0, epoch=0, sort_window=8)
+    as_read = plan_epoch(edges, 2, 1, seed=0, epoch=0)
+    for start in range(0, 32, 8):
+        assert set(plan.order[start : start + 8]) == set(as_read.order[start : start + 8])
+
+
+def test_streamed_shards_keep_their_order_whatever_the_sort_window():
+    layout = _one_shard(16)
+    edges = np.arange(16)[::-1] * 10 + 1
+    plan = plan_epoch(edges, 2, 1, seed=0, epoch=0, sort_window=8, **layout)
+    np.testing.assert_array_equal(plan.order, np.arange(16))
+
+
 def test_too_few_graphs_are_refused():
     with pytest.raises(
         DataError, match="the split has 5 graphs but one step of 2 workers x 4 graphs needs 8"
@@ -173,6 +254,8 @@ def test_too_few_graphs_are_refused():
         ),
         ({"epoch": -1}, r"seed \(0\) and epoch \(-1\) must be >= 0"),
         ({"shard_of": np.zeros(8, int)}, "needs both shard_of and record_of"),
+        ({"sort_window": 0}, r"sort_window must be an integer >= 1, got 0"),
+        ({"cost": np.ones(7)}, r"cost must have one entry per graph \(8\), got shape \(7,\)"),
     ],
 )
 def test_bad_arguments_are_refused(kwargs, message):

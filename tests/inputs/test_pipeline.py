@@ -8,6 +8,7 @@ import tensorflow as tf
 
 from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.graphs.construction import HitGraph
+from hvdtrack.inputs.balance import plan_epoch
 from hvdtrack.inputs.pipeline import (
     eval_dataset,
     input_signature,
@@ -296,3 +297,20 @@ def test_record_that_cannot_be_parsed_is_a_data_error(tmp_path, make_graph):
     plan = plan_train_epoch(manifest, 1, 7, seed=0, epoch=0)
     with pytest.raises(DataError, match=rf"a shard of {tmp_path} is truncated or corrupt"):
         list(iterate_batches(train_dataset(tmp_path, manifest, plan, 0), tmp_path, manifest))
+
+
+def test_the_sort_window_orders_by_edges_and_nodes_and_only_read_by_offset(dataset):
+    path, manifest, _ = dataset
+    table = manifest.split_table("train")
+    # 13 steps of 1 graph: windows of 3 steps (at most a quarter of the epoch)
+    plan = plan_train_epoch(manifest, 1, 1, seed=2, epoch=1, sort_window=3, node_cost=1000.0)
+    as_read = plan_train_epoch(manifest, 1, 1, seed=2, epoch=1)
+    if manifest.compression == "gzip":  # streamed: the shards' order, whatever the window
+        np.testing.assert_array_equal(plan.order, as_read.order)
+        return
+    cost = table.num_edges + table.num_nodes * 1000.0  # a graph: its edges, 1000 per node
+    by_cost = plan_epoch(table.num_edges, 1, 1, seed=2, epoch=1, sort_window=3, cost=cost)
+    np.testing.assert_array_equal(plan.order, by_cost.order)
+    by_edges = plan_train_epoch(manifest, 1, 1, seed=2, epoch=1, sort_window=3)
+    assert not np.array_equal(by_edges.order, plan.order)
+    assert not np.array_equal(as_read.order, plan.order)

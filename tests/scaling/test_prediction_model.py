@@ -8,9 +8,11 @@ import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+import numpy as np
 import pytest
 
 from hvdtrack.errors import ConfigError, DataError
+from hvdtrack.records import RecordsConfig, write_dataset
 from hvdtrack.runs.runinfo import make_run_info
 from hvdtrack.runs.timing import EPOCH_PARTS, EpochTiming, StepTiming, read_run, write_run
 from hvdtrack.scaling import maths, report
@@ -30,6 +32,7 @@ def write_steps(
     ranks_steps: Sequence[Sequence[tuple[int, float, float]]],
     *,
     distributed: Optional[dict[str, Any]] = None,
+    sections: Optional[dict[str, Any]] = None,
     strategy: str = "horovod",
     gradient_bytes: int = 4_000_000,
     warmup_steps: int = 1,
@@ -53,7 +56,7 @@ def write_steps(
                         graphs=len(rows), edges=sum(r[0] for r in rows), train_loss=0.5,
                         val=None, **parts)
         )  # fmt: skip
-    config = {"distributed": {"strategy": strategy, **(distributed or {})}}
+    config = {"distributed": {"strategy": strategy, **(distributed or {})}, **(sections or {})}
     n = len(ranks_steps)
     run_info = make_run_info(
         config_name="hand",
@@ -112,6 +115,8 @@ def test_fit_separates_fixed_from_per_edge_cost(tmp_path):
     assert model.exchange_s == pytest.approx(0.012)  # one rank through Horovod's loop
     assert model.notes == (
         "fusion buffer: Horovod's default 128 MiB (runs do not record HOROVOD_FUSION_THRESHOLD)",
+        "straggler: the training graphs' sizes were not found (run.json records no "
+        "data.dataset_dir); the ranks are taken as independent draws of the N=1 steps' edges",
     )
 
 
@@ -184,6 +189,53 @@ def test_straggler_strong_draws_shares_of_the_batch(tmp_path):
     expected = sum(x * (2 * i + 1) for i, x in enumerate(weak)) / 144
     assert maths.straggler_wait(model, 2, "weak") == pytest.approx(expected)
     assert expected == pytest.approx(0.0640713)
+
+
+def test_the_planned_straggler_is_exact_without_noise():
+    # two steps of 2 ranks: 1 and 3 s (the slowest 1 s over the mean), 2 and 2 s (none)
+    assert maths._planned_straggler(np.array([[1.0, 3.0], [2.0, 2.0]]), np.zeros(3)) == 0.5
+    # noise +-0.5 s on equal ranks: E[max of two] = 0.25 s over the mean (a fixed-seed draw)
+    equal = maths._planned_straggler(np.full((4, 2), 2.0), np.array([-0.5, 0.5]))
+    assert equal == pytest.approx(0.25, abs=0.01)
+
+
+def test_the_straggler_follows_the_plans_sort_window():
+    # graphs of 100 and 300 edges, 2 per N=1 step, 1 ms an edge, no noise; N=2 strong: one
+    # graph per rank. Paired at random, a step of 100 and 300 edges waits 100 ms over the mean
+    # in about half the steps; sorted windows pair equal graphs but at a window's middle.
+    model = StepModel(0.0, 1e-3, (400.0,) * 4, (0.0,) * 4, 4_000_000,
+                      graph_edges=(100.0, 300.0) * 20, graphs_per_step=2)  # fmt: skip
+    as_read = maths.straggler_wait(model, 2, "strong")
+    assert 0.03 < as_read < 0.07
+    sorted_ = maths.straggler_wait(dataclasses.replace(model, sort_window=8), 2, "strong")
+    assert sorted_ < 0.015
+    # all graphs alike: nothing to wait for; and weak scaling plans 2 graphs per rank
+    alike = dataclasses.replace(model, graph_edges=(200.0,) * 40)
+    assert maths.straggler_wait(alike, 2, "strong") == 0.0
+    assert maths.straggler_wait(alike, 4, "weak") == 0.0
+    # N not dividing the global batch: no plan; the ranks drawn from the N=1 steps (all equal)
+    assert maths.straggler_wait(model, 4, "strong") == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_training_graphs_come_from_the_runs_dataset(tmp_path, make_graph):
+    rng = np.random.default_rng(0)
+    graphs = {
+        split: [make_graph(rng, 10, edges, event, 0) for event, edges in enumerate(sizes)]
+        for split, sizes in (("train", (12, 30, 7)), ("val", (5,)))
+    }
+    write_dataset(graphs, tmp_path / "data", RecordsConfig(graphs_per_shard=4))
+    rows = [(e, s, 0.0) for e, s in zip(EDGES, SECONDS)]
+    sections = {"data": {"dataset_dir": str(tmp_path / "data")}, "train": {"sort_window": 4}}
+    run = write_steps(tmp_path / "np1", [rows], sections=sections)
+    model = maths.baseline_inputs(read_run(run))
+    assert sorted(model.graph_edges) == [7.0, 12.0, 30.0]
+    assert (model.graphs_per_step, model.sort_window) == (1, 4)
+    assert "from epoch plans over the 3 training graphs" in model.notes[-1]
+    # no dataset: the N=1 steps' edges, said in a note
+    missing = {"data": {"dataset_dir": str(tmp_path / "gone")}}
+    model = maths.baseline_inputs(read_run(write_steps(tmp_path / "b", [rows], sections=missing)))
+    assert (model.graph_edges, model.sort_window) == ((), 1)
+    assert "the training graphs' sizes were not found" in model.notes[-1]
 
 
 def test_a_drift_all_ranks_share_makes_no_straggler():
