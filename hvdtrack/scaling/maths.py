@@ -55,7 +55,7 @@ import pandas as pd
 
 from hvdtrack.errors import DataError
 from hvdtrack.inputs.balance import plan_epoch
-from hvdtrack.records.manifest import Manifest
+from hvdtrack.records.manifest import Manifest, manifest_digest
 from hvdtrack.runs.timing import EpochTiming, Run, StepTiming
 from hvdtrack.scaling.config import ScalingConfig
 
@@ -444,7 +444,8 @@ def baseline_inputs(run: Run, also: Sequence[Run] = ()) -> StepModel:
 
 def _training_graphs(run: Run, notes: list[str]) -> tuple[tuple[float, ...], int]:
     """The edges of the run's training graphs, from its dataset's manifest, and the sort window
-    its plans applied; ((), 1) with a note when the dataset is not found."""
+    its plans applied; ((), 1) with a note when the dataset is not found or is not the one
+    run.json names by digest."""
     config = run.info.get("config") or {}
     dataset = (config.get("data") or {}).get("dataset_dir")
     window = int((config.get("train") or {}).get("sort_window") or 1)
@@ -452,6 +453,9 @@ def _training_graphs(run: Run, notes: list[str]) -> tuple[tuple[float, ...], int
         if not isinstance(dataset, str):
             raise DataError("run.json records no data.dataset_dir")
         manifest = Manifest.load(dataset)
+        recorded = run.info.get("dataset_digest")
+        if recorded and manifest_digest(dataset) != recorded:
+            raise DataError(f"{dataset} is not the dataset the run trained on (another digest)")
         edges = manifest.split_table("train", dataset).num_edges
     except (DataError, OSError) as err:
         notes.append(

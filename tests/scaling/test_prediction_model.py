@@ -231,6 +231,11 @@ def test_the_training_graphs_come_from_the_runs_dataset(tmp_path, make_graph):
     assert sorted(model.graph_edges) == [7.0, 12.0, 30.0]
     assert (model.graphs_per_step, model.sort_window) == (1, 4)
     assert "from epoch plans over the 3 training graphs" in model.notes[-1]
+    # another dataset under the same name: not used
+    other = write_steps(tmp_path / "c", [rows], sections=sections, dataset_digest="0" * 16)
+    model = maths.baseline_inputs(read_run(other))
+    assert model.graph_edges == ()
+    assert "is not the dataset the run trained on" in model.notes[-1]
     # no dataset: the N=1 steps' edges, said in a note
     missing = {"data": {"dataset_dir": str(tmp_path / "gone")}}
     model = maths.baseline_inputs(read_run(write_steps(tmp_path / "b", [rows], sections=missing)))
