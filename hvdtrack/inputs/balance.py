@@ -2,9 +2,8 @@
 and over the epoch.
 
 The plan fixes one global read order per epoch and cuts it into steps of
-``num_workers * batch_graphs`` consecutive graphs. With ``sort_window`` (read by offset only),
-each window of that many steps is made of the same graphs sorted by cost first, so a step's
-graphs are of similar size (``_sort_windows``). Each step's graphs are packed into
+``num_workers * batch_graphs`` consecutive graphs, sorted by cost within windows of
+``sort_window`` steps first (``_sort_windows``). Each step's graphs are packed into
 ``num_workers`` bins of exactly ``batch_graphs`` graphs by greedy packing on edge count (largest
 first, into the bin with the fewest edges that still has room), so a step's bins hold nearly the
 same number of edges; the slowest worker gates a synchronous step, so this is the per-step
@@ -32,14 +31,12 @@ On the default dataset's 40 training graphs (7,100-9,200 edges, one graph per wo
 read by offset), over 300 seeds x 24 epochs, every worker's epoch share is within 0.02% of the
 mean with 2 workers and 0.41% with 8 (the old rule, largest bin of every step to the lowest
 worker, gave worker 0 +4.3% and +10.6%); 10,000 graphs plan in about 4 ms. Which graphs share
-a step depends only on the read order and the global batch, never on the number of workers: with
-the default gradient reduction (global sums over the step's edges) a run trains the same steps
-whether 1 or N workers share them. With one graph per worker per step the packing has nothing
-to choose; the sort window is what balances those steps. On the 40 training graphs of
-``data/default`` as prepared today (19,222-25,978 edges, 24 epochs) the busiest of 2 workers has
-4.0% more edges than the mean, averaged over steps, in the read order as drawn, and 1.4% with
-``sort_window`` 8 (capped at 5 steps, a quarter of the epoch); on 1,000 graphs drawn from those
-sizes, 3.9% and 0.9% with 2 workers, 10.2% and 1.9% with 8.
+a step depends on the read order and the global batch only: with the default gradient reduction
+(global sums over the step's edges) 1 or N workers train the same steps. With one graph per
+worker per step only the sort window balances the steps: on ``data/default``'s 40 graphs
+(19,222-25,978 edges) the busier of 2 workers has 4.0% more edges than the mean as drawn, 1.4%
+with windows of 8 steps (5 here: a quarter of the epoch); on 1,000 graphs of those sizes, 3.9%
+and 0.9% with 2 workers, 10.2% and 1.9% with 8.
 
 A worker's graphs of a step are kept in read order, so a reader that streams the global order
 and keeps only this worker's records yields exactly the plan (see ``hvdtrack.inputs.pipeline``).
@@ -191,13 +188,9 @@ def plan_epoch(
       shard_of: int [G] shard index of each graph (from the manifest), or None.
       record_of: int [G] record index within its shard; given together with ``shard_of``.
       shards_per_group: shards read together (interleaved) when a shard layout is given.
-      sort_window: steps of similar graphs (``_sort_windows``): every ``sort_window``
-        consecutive steps of the read order are made of the same graphs sorted by ``cost``,
-        in a random order of steps; 1 leaves the read order as drawn. At most a quarter of
-        the epoch's steps, and only without a shard layout (a stream of shards cannot be
-        reordered).
-      cost: float [G] what each graph costs a worker (default: its edges); orders the graphs
-        within a sort window.
+      sort_window: steps of graphs of similar ``cost`` (``_sort_windows``; at most a quarter
+        of the epoch, none with a shard layout: a stream cannot be reordered); 1: as drawn.
+      cost: float [G] what each graph costs a worker (default: its edges).
 
     Returns:
       The ``EpochPlan``; ``num_steps = G // (num_workers * batch_graphs)``, the last
@@ -215,15 +208,12 @@ def plan_epoch(
         raise ConfigError(f"sort_window must be an integer >= 1, got {sort_window!r}")
     cost = num_edges if cost is None else np.asarray(cost, dtype=np.float64)
     if cost.shape != num_edges.shape:
-        raise ConfigError(
-            f"cost must have one entry per graph ({num_edges.shape[0]}), got shape {cost.shape}"
-        )
+        raise ConfigError(f"cost must have one entry per graph, got shape {cost.shape}")
     rng = np.random.default_rng([seed, epoch])
     order, shard_order = _global_order(num_edges, shard_of, record_of, shards_per_group, rng)
     num_graphs = int(num_edges.shape[0])
     per_step = num_workers * batch_graphs
-    # A window never spans over a quarter of the epoch: which graphs share a step must
-    # still change from epoch to epoch (a window of the whole epoch makes the same steps).
+    # at most a quarter of the epoch: a window of the whole epoch makes the same steps each time
     window = min(sort_window, max(1, num_graphs // per_step // 4))
     if window > 1 and shard_of is None:
         order = _sort_windows(order, cost, per_step, window, rng)
@@ -251,23 +241,17 @@ def plan_epoch(
 def _sort_windows(
     order: np.ndarray, cost: np.ndarray, per_step: int, window: int, rng: np.random.Generator
 ) -> np.ndarray:
-    """``order`` with every ``window`` consecutive steps (of ``per_step`` graphs) made of the
-    same graphs sorted by ``cost`` and cut into steps again, the window's steps then shuffled;
-    the graphs after the last full step stay last, unused.
-
-    A synchronous step waits for its slowest worker: graphs of similar cost in one step let
-    the workers finish together (bucketing by size, as ``tf.data``'s
-    ``bucket_by_sequence_length`` does for sequences). Which graphs share a window is still
-    the epoch's random draw, so the steps change from epoch to epoch; the plan depends on the
-    global batch (``per_step``), not on how it is split over workers.
-    """
-    used = order.shape[0] // per_step * per_step
+    """``order`` with every ``window`` steps (of ``per_step`` graphs) made of the same graphs
+    sorted by ``cost``, cut into steps again and shuffled; the graphs after the last full step
+    stay last. A synchronous step waits for its slowest worker: graphs of similar cost finish
+    together (bucketing by size, as ``tf.data``'s ``bucket_by_sequence_length``). Which graphs
+    share a window is still the epoch's draw, so the steps change from epoch to epoch."""
+    num_steps = order.shape[0] // per_step
+    used = num_steps * per_step
     head = order[:used]
-    num_steps = used // per_step
-    # graphs sorted by cost within each window (ties in read order)
+    # graphs sorted by cost within each window (ties in read order), steps shuffled in it
     by_cost = head[np.lexsort((cost[head], np.arange(used) // (per_step * window)))]
     steps = by_cost.reshape(num_steps, per_step)
-    # the steps of each window in a random order
     step_order = np.lexsort((rng.random(num_steps), np.arange(num_steps) // window))
     return np.concatenate([steps[step_order].reshape(-1), order[used:]]).astype(np.int64)
 

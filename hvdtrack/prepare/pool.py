@@ -50,17 +50,25 @@ def process_events(
     pool = ProcessPoolExecutor(workers, mp_context=context)
     waiting = iter(jobs)
     in_flight = collections.deque()
+
+    def submit(count: int) -> None:
+        # A worker that died since the last result breaks the pool for submit too.
+        for job in itertools.islice(waiting, count):
+            try:
+                in_flight.append((job.event_id, pool.submit(process_event, job)))
+            except BrokenProcessPool as err:
+                events = [e for e, _ in in_flight] + [job.event_id]
+                raise _worker_error(err, events, deadline_s, target) from None
+
     try:
-        for job in itertools.islice(waiting, 2 * workers):
-            in_flight.append((job.event_id, pool.submit(process_event, job)))
+        submit(2 * workers)
         while in_flight:
             try:
                 result = in_flight[0][1].result(timeout=deadline_s)
             except (BrokenProcessPool, TimeoutError) as err:
                 raise _worker_error(err, [e for e, _ in in_flight], deadline_s, target) from None
             in_flight.popleft()
-            for job in itertools.islice(waiting, 1):
-                in_flight.append((job.event_id, pool.submit(process_event, job)))
+            submit(1)
             yield result
     except BaseException:
         _stop(pool)

@@ -14,12 +14,9 @@ step of N workers, fed by the N=1 run's measured steps (``baseline_inputs`` -> `
 - compute that shrinks, b E_N, and compute that does not, a: least squares over the N=1 run's
   non-warm-up steps of the step without exchange (``total_s - exchange_s``: compute and data
   wait) on the step's edges E. Strong scaling: E_N = mean(E) / N; weak: E_N = mean(E).
-- straggler(N): a synchronous step waits for its slowest rank. E[max over N ranks] - mean of
-  per-rank work b e + r (``straggler_wait``): e the rank's edges in the epoch plans that
-  ``hvdtrack.inputs.balance`` makes for N ranks over the run's training graphs (their sizes
-  from the dataset's manifest, the run's ``train.sort_window``), else a share of an N=1
-  step's edges; r a step-to-step change of the fit's residuals (drift is common to all
-  ranks: no straggler); exact or a fixed-seed draw, so the figure is deterministic.
+- straggler(N): E[max over N ranks] - mean of per-rank work b e + r (``straggler_wait``): e the
+  rank's edges in the epoch plans for N ranks, else a share of an N=1 step's edges; r a
+  step-to-step change of the fit's residuals (a drift is common to all ranks); deterministic.
 - ceiling (0, 1]: t_alone / t_concurrent when ranks share a host (``bench distributed``'s
   "ceiling"); 1.0 unless given.
 - cycle: Horovod's background loop picks up the gradients on average half a cycle after they are
@@ -39,8 +36,8 @@ slower ranks) and its straggler (slowest rank minus the ranks' mean, without the
 Public symbols: ``STEP_FIELDS``, ``step_statistics``, ``step_times``, ``epoch_step_time``,
 ``epoch_times``, ``epoch_time``, ``epoch_work``, ``efficiency``, ``DEFAULT_NS``,
 ``HOROVOD_CYCLE_S``, ``HOROVOD_FUSION_BYTES``, ``NetworkModel``, ``PRESETS``, ``StepModel``,
-``Prediction``, ``Validation``, ``ring_allreduce_time``, ``cycle_wait``, ``expected_max``,
-``straggler_wait``, ``predict_scaling``, ``network_from_config``, ``baseline_inputs``,
+``Prediction``, ``Validation``, ``ring_allreduce_time``, ``cycle_wait``, ``straggler_wait``,
+ ``predict_scaling``, ``network_from_config``, ``baseline_inputs``,
 ``validate_against``.
 """
 
@@ -54,10 +51,14 @@ import numpy as np
 import pandas as pd
 
 from hvdtrack.errors import DataError
-from hvdtrack.inputs.balance import plan_epoch
-from hvdtrack.records.manifest import Manifest, manifest_digest
 from hvdtrack.runs.timing import EpochTiming, Run, StepTiming
 from hvdtrack.scaling.config import ScalingConfig
+from hvdtrack.scaling.straggler import (
+    independent_straggler,
+    planned_shares,
+    planned_straggler,
+    training_graphs,
+)
 
 STEP_FIELDS = ("data_s", "compute_s", "exchange_s", "total_s")
 
@@ -171,11 +172,8 @@ class StepModel:
       exchange_s: the N=1 run's median exchange: one rank through Horovod's loop, what the
         cycle term models (0.0 when not measured).
       notes: where an input was not measured or recorded, what was taken instead.
-      graph_edges: edges of each training graph of the run's dataset (its manifest), () when
-        the dataset was not found: the straggler term then takes shares of the N=1 steps.
-      graphs_per_step: graphs in an N=1 step (its global batch).
-      sort_window: the run's ``train.sort_window`` as its plans applied it (1 when the shards
-        were streamed or the run predates it).
+      graph_edges, graphs_per_step, sort_window: the training graphs' edges, an N=1 step's
+        graphs and the plans' sort window (``straggler.training_graphs``; () when unknown).
     """
 
     fixed_s: float
@@ -269,80 +267,22 @@ def cycle_wait(
     return math.ceil(gradient_bytes / fusion_bytes) * cycle_s / 2
 
 
-def expected_max(values: Sequence[float] | np.ndarray, n: int) -> float:
-    """E[max of ``n`` independent draws] from the empirical distribution of ``values`` [M],
-    exactly: sum_i x_(i) ((i/M)^n - ((i-1)/M)^n) over the sorted values x_(1) <= ... <= x_(M)."""
-    x = np.sort(np.asarray(values, dtype=np.float64).ravel())
-    if x.size == 0 or n < 1:
-        raise ValueError(f"expected_max needs values and n >= 1, got {x.size} values, n={n}")
-    cdf = np.arange(x.size + 1, dtype=np.float64) / x.size
-    return float(np.dot(x, cdf[1:] ** n - cdf[:-1] ** n))
-
-
 def straggler_wait(model: StepModel, n: int, mode: str) -> float:
     """Seconds the slowest of ``n`` ranks adds to the mean rank's step: E[max] - mean of the
-    ranks' work b * e + r, r a noise drawn for each rank from the residuals' successive
-    differences / sqrt(2) (their step-to-step spread without a drift of the machine's speed,
-    which all ranks share).
-
-    The ranks' edges e: where the training graphs' sizes are known (``model.graph_edges``) and
-    a plan exists for ``n`` ranks (strong: the global batch G divisible by ``n``), the shares
-    of the steps that ``hvdtrack.inputs.balance.plan_epoch`` makes for them, with the run's
-    sort window (``_planned_straggler``): graphs of similar size share a step, which no random
-    draw models. Otherwise the ranks are independent draws: weak scaling, e = E_k, the N=1
-    step's edges; strong: a rank's G/n graphs have the mean share and sqrt(1/n) of the G
-    graphs' spread, e = mean(E)/n + (E_k - mean(E))/sqrt(n); exact over the empirical
-    distributions (``expected_max``)."""
+    ranks' work b * e + r, r drawn per rank from the residuals' successive differences /
+    sqrt(2) (their spread without the machine's drift, which all ranks share). e: the ranks'
+    edges in epoch plans where they can be drawn (``straggler.planned_shares``), else
+    independent draws: weak, e = E_k, an N=1 step's edges; strong, a rank's G/n graphs have
+    the mean share and sqrt(1/n) of the spread, e = mean(E)/n + (E_k - mean(E))/sqrt(n)."""
     edges, residuals = np.asarray(model.edges), np.asarray(model.residuals_s)
     noise = np.diff(residuals) / math.sqrt(2) if residuals.size > 1 else np.zeros(1)
-    if n > 1:
-        shares = _planned_shares(model, n, mode)
-        if shares is not None:
-            return _planned_straggler(model.per_edge_s * shares, noise)
+    graphs = (model.graph_edges, model.graphs_per_step, model.sort_window)
+    shares = planned_shares(*graphs, n, mode) if n > 1 else None
+    if shares is not None:
+        return planned_straggler(model.per_edge_s * shares, noise)
     if mode == "strong":
         edges = edges.mean() / n + (edges - edges.mean()) / math.sqrt(n)
-    work = np.add.outer(_quantiles(model.per_edge_s * edges), _quantiles(noise))
-    return expected_max(work, n) - float(work.mean())
-
-
-def _planned_shares(model: StepModel, n: int, mode: str) -> np.ndarray | None:
-    """float64 [steps, n] each rank's edges at each step of plans for ``n`` ranks over the
-    training graphs (repeated to fill at least 64 steps and four sort windows), or None where
-    no plan can be drawn (graph sizes unknown; strong scaling with G not divisible by n)."""
-    if not model.graph_edges:
-        return None
-    if mode == "strong":
-        if model.graphs_per_step % n:
-            return None
-        per_rank = model.graphs_per_step // n
-    else:
-        per_rank = model.graphs_per_step
-    per_step = n * per_rank
-    graphs = np.asarray(model.graph_edges, dtype=np.int64)
-    count = max(graphs.size, per_step * 4 * model.sort_window, per_step)
-    population = np.resize(graphs, count)
-    shares, epoch = [], 0
-    while sum(len(x) for x in shares) < 64:
-        plan = plan_epoch(population, n, per_rank, 0, epoch, sort_window=model.sort_window)
-        shares.append(plan.edges.astype(np.float64))
-        epoch += 1
-    return np.concatenate(shares)
-
-
-def _planned_straggler(work: np.ndarray, noise: np.ndarray, draws: int = 4_000_000) -> float:
-    """Mean over steps of E[max over ranks of work + r] - mean of work, ``work`` [steps, n]
-    seconds, r drawn independently for each rank from ``noise``: a fixed-seed Monte Carlo of
-    about ``draws`` values (exact without noise), so the figure is deterministic."""
-    steps, n = work.shape
-    if not np.any(noise):
-        return float(np.mean(work.max(axis=1) - work.mean(axis=1)))
-    rng = np.random.default_rng(0)
-    per_step = max(16, draws // (steps * n))
-    waits = [
-        (row + rng.choice(noise, size=(per_step, n))).max(axis=1).mean() - row.mean()
-        for row in work
-    ]
-    return float(np.mean(waits))
+    return independent_straggler(model.per_edge_s * edges, noise, n)
 
 
 def predict_scaling(
@@ -435,41 +375,10 @@ def baseline_inputs(run: Run, also: Sequence[Run] = ()) -> StepModel:
         "(runs do not record HOROVOD_FUSION_THRESHOLD)"
     )
     residuals = tuple(work - (fixed + per_edge * edges))
-    graph_edges, sort_window = _training_graphs(run, notes)
-    graphs_per_step = int(round(float(_timed_steps(run)["graphs"].median())))
+    graph_edges, window = training_graphs(run, notes)
+    graphs = max(1, round(float(_timed_steps(run)["graphs"].median())))
     return StepModel(fixed, per_edge, tuple(edges), residuals, gradient_bytes, cycle_s,
-                     HOROVOD_FUSION_BYTES, exchange, tuple(notes), graph_edges,
-                     max(graphs_per_step, 1), sort_window)  # fmt: skip
-
-
-def _training_graphs(run: Run, notes: list[str]) -> tuple[tuple[float, ...], int]:
-    """The edges of the run's training graphs, from its dataset's manifest, and the sort window
-    its plans applied; ((), 1) with a note when the dataset is not found or is not the one
-    run.json names by digest."""
-    config = run.info.get("config") or {}
-    dataset = (config.get("data") or {}).get("dataset_dir")
-    window = int((config.get("train") or {}).get("sort_window") or 1)
-    try:
-        if not isinstance(dataset, str):
-            raise DataError("run.json records no data.dataset_dir")
-        manifest = Manifest.load(dataset)
-        recorded = run.info.get("dataset_digest")
-        if recorded and manifest_digest(dataset) != recorded:
-            raise DataError(f"{dataset} is not the dataset the run trained on (another digest)")
-        edges = manifest.split_table("train", dataset).num_edges
-    except (DataError, OSError) as err:
-        notes.append(
-            f"straggler: the training graphs' sizes were not found ({err}); the ranks are "
-            "taken as independent draws of the N=1 steps' edges"
-        )
-        return (), 1
-    if manifest.compression != "none":
-        window = 1  # streamed shards keep their order (hvdtrack.inputs.pipeline)
-    notes.append(
-        f"straggler: the ranks' edges from epoch plans over the {len(edges)} training graphs "
-        f"of {dataset} (sort window {window})"
-    )
-    return tuple(float(x) for x in edges), window
+                     HOROVOD_FUSION_BYTES, exchange, tuple(notes), graph_edges, graphs, window)  # fmt: skip
 
 
 def validate_against(
@@ -510,11 +419,6 @@ def _step_work(run: Run) -> tuple[np.ndarray, np.ndarray, float]:
     edges = steps["edges"].to_numpy(dtype=np.float64)
     work = (steps["total_s"] - steps["exchange_s"]).to_numpy(dtype=np.float64)
     return edges, work, float(steps["exchange_s"].median())
-
-
-def _quantiles(x: np.ndarray, most: int = 1000) -> np.ndarray:
-    """``x``, or ``most`` evenly spaced quantiles of it when it has more values."""
-    return x if x.size <= most else np.quantile(x, np.linspace(0.0, 1.0, most))
 
 
 def _frame(records: Sequence[object], kind: type) -> pd.DataFrame:

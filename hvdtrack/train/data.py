@@ -5,7 +5,7 @@ sizes an epoch for a worker count (``fit``: global batch, steps per epoch, edge 
 hands out the epoch's training batches and a split's evaluation batches for this process's
 replicas. It builds no model and runs no step (``state``, ``step``).
 
-Public symbols: ``TrainData``, ``EpochSize``, ``node_cost``.
+Public symbols: ``TrainData``, ``EpochSize``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from hvdtrack.distributed.workers import Workers
 from hvdtrack.errors import DataError
 from hvdtrack.inputs import pipeline
 from hvdtrack.inputs.balance import EpochPlan
-from hvdtrack.model.config import ModelConfig
-from hvdtrack.model.cost import train_step_flops
+from hvdtrack.model.cost import node_cost
 from hvdtrack.records.manifest import manifest_digest, open_dataset
 from hvdtrack.records.schema import EDGE_FEATURE_SIZE, NODE_FEATURE_SIZE
 
@@ -38,16 +37,6 @@ class EpochSize:
     global_batch: int
     steps_per_epoch: int
     edge_imbalance: float
-
-
-def node_cost(model: ModelConfig) -> float:
-    """What a node costs a training step, in edges: the model's matmul FLOPs per node over its
-    FLOPs per edge (``hvdtrack.model.cost``)."""
-    per = [
-        train_step_flops(model, n, e, NODE_FEATURE_SIZE, EDGE_FEATURE_SIZE)
-        for n, e in ((1, 0), (0, 1))
-    ]
-    return per[0] / per[1]
 
 
 class TrainData:
@@ -118,7 +107,7 @@ class TrainData:
                     self.config.model.num_message_passing_steps, tc.true_weight, tc.fake_weight
                 ),
                 sort_window=tc.sort_window,
-                node_cost=node_cost(self.config.model),
+                node_cost=node_cost(self.config.model, NODE_FEATURE_SIZE, EDGE_FEATURE_SIZE),
             )
         return self._plan
 

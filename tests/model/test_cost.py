@@ -11,6 +11,7 @@ from hvdtrack.model.config import ModelConfig
 from hvdtrack.model.cost import (
     forward_flops,
     gradient_bytes,
+    node_cost,
     num_parameters,
     num_trainable_parameters,
     train_step_flops,
@@ -57,6 +58,12 @@ def test_flop_counts_by_hand():
     #   edge_output 2*6*3*2 * 3 = 216 and 2*6*2*1 * 3 = 72                  (all x3 for the step)
     assert forward_flops(TINY, 5, 6, 3, 2) == 120 + 72 + 2376 + 1680 + 216 + 72
     assert train_step_flops(TINY, 5, 6, 3, 2) == 2 * (120 + 72) + 3 * (2376 + 1680 + 216 + 72)
+
+
+def test_a_nodes_cost_in_edges_by_hand():
+    # From the products above: per node 2 * 120 / 5 + 3 * 1680 / 5 = 1056, per edge
+    # 2 * 72 / 6 + 3 * (2376 + 216 + 72) / 6 = 1356.
+    assert node_cost(TINY, 3, 2) == pytest.approx(1056 / 1356)
 
 
 def test_factorized_flops_by_hand():

@@ -15,7 +15,7 @@ from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.records import RecordsConfig, write_dataset
 from hvdtrack.runs.runinfo import make_run_info
 from hvdtrack.runs.timing import EPOCH_PARTS, EpochTiming, StepTiming, read_run, write_run
-from hvdtrack.scaling import maths, report
+from hvdtrack.scaling import maths, report, straggler
 from hvdtrack.scaling.maths import NetworkModel, StepModel
 
 TEN_GB_S = NetworkModel("test", 80.0, 0.0)  # 10 GB/s, no latency
@@ -84,13 +84,13 @@ def baseline(tmp_path, exchange_s: float = 0.0, **kwargs) -> StepModel:
 
 
 def test_expected_max_is_exact_over_the_empirical_distribution():
-    assert maths.expected_max([1.0, 2.0], 1) == pytest.approx(1.5)
+    assert straggler.expected_max([1.0, 2.0], 1) == pytest.approx(1.5)
     # max of two draws from {1, 2}: 1 with probability 1/4, else 2.
-    assert maths.expected_max([2.0, 1.0], 2) == pytest.approx(1.75)
+    assert straggler.expected_max([2.0, 1.0], 2) == pytest.approx(1.75)
     # {1, 2, 3}, two draws: weights 1/9, 3/9, 5/9.
-    assert maths.expected_max([3.0, 1.0, 2.0], 2) == pytest.approx(22 / 9)
+    assert straggler.expected_max([3.0, 1.0, 2.0], 2) == pytest.approx(22 / 9)
     with pytest.raises(ValueError, match="needs values and n >= 1"):
-        maths.expected_max([], 2)
+        straggler.expected_max([], 2)
 
 
 def test_cycle_wait_is_half_a_cycle_per_fused_round():
@@ -193,9 +193,9 @@ def test_straggler_strong_draws_shares_of_the_batch(tmp_path):
 
 def test_the_planned_straggler_is_exact_without_noise():
     # two steps of 2 ranks: 1 and 3 s (the slowest 1 s over the mean), 2 and 2 s (none)
-    assert maths._planned_straggler(np.array([[1.0, 3.0], [2.0, 2.0]]), np.zeros(3)) == 0.5
+    assert straggler.planned_straggler(np.array([[1.0, 3.0], [2.0, 2.0]]), np.zeros(3)) == 0.5
     # noise +-0.5 s on equal ranks: E[max of two] = 0.25 s over the mean (a fixed-seed draw)
-    equal = maths._planned_straggler(np.full((4, 2), 2.0), np.array([-0.5, 0.5]))
+    equal = straggler.planned_straggler(np.full((4, 2), 2.0), np.array([-0.5, 0.5]))
     assert equal == pytest.approx(0.25, abs=0.01)
 
 
