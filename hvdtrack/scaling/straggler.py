@@ -60,19 +60,22 @@ def planned_shares(
     graph_edges: tuple[float, ...], graphs_per_step: int, sort_window: int, n: int, mode: str
 ) -> Optional[np.ndarray]:
     """float64 [steps, n] each rank's edges at each step of epoch plans for ``n`` ranks over
-    ``graph_edges`` (repeated to fill four sort windows), pooled over epochs until ``MIN_STEPS``
-    steps; strong scaling: the N=1 run's ``graphs_per_step`` shared by the ranks, weak: that
-    many per rank. None where no plan can be drawn: graph sizes unknown (), or strong scaling
-    with ``graphs_per_step`` not divisible by ``n``."""
+    ``graph_edges`` (with the sort window training gives them, repeated to fill four windows),
+    pooled over epochs until ``MIN_STEPS`` steps. Strong scaling: the N=1 run's
+    ``graphs_per_step`` shared by the ranks; weak: that many per rank. None where no plan can
+    be drawn: graph sizes unknown (), or strong scaling with ``graphs_per_step`` not divisible
+    by ``n``."""
     if not graph_edges or (mode == "strong" and graphs_per_step % n):
         return None
     per_rank = graphs_per_step // n if mode == "strong" else graphs_per_step
     per_step = n * per_rank
     graphs = np.asarray(graph_edges, dtype=np.int64)
-    population = np.resize(graphs, max(graphs.size, per_step * 4 * sort_window))
+    # the window training applies to these graphs (plan_epoch: at most a quarter of an epoch)
+    window = min(sort_window, max(1, graphs.size // per_step // 4))
+    population = np.resize(graphs, max(graphs.size, per_step * 4 * window))
     shares: list[np.ndarray] = []
     while sum(len(x) for x in shares) < MIN_STEPS:
-        plan = plan_epoch(population, n, per_rank, 0, len(shares), sort_window=sort_window)
+        plan = plan_epoch(population, n, per_rank, 0, len(shares), sort_window=window)
         shares.append(plan.edges.astype(np.float64))
     return np.concatenate(shares)
 

@@ -217,6 +217,16 @@ def test_the_straggler_follows_the_plans_sort_window():
     assert maths.straggler_wait(model, 4, "strong") == pytest.approx(0.0, abs=1e-12)
 
 
+def test_the_planned_ranks_get_the_window_training_gives_them():
+    # 40 graphs, 2 ranks of 1 graph: 20 steps, so training sorts windows of 5 steps, not 8
+    graphs = tuple(float(x) for x in range(100, 140))
+    eight = straggler.planned_shares(graphs, 2, 8, 2, "strong")
+    np.testing.assert_array_equal(eight, straggler.planned_shares(graphs, 2, 5, 2, "strong"))
+    assert not np.array_equal(eight, straggler.planned_shares(graphs, 2, 4, 2, "strong"))
+    assert straggler.planned_shares((), 2, 8, 2, "strong") is None
+    assert straggler.planned_shares(graphs, 2, 8, 4, "strong") is None  # 4 ranks, 2 graphs
+
+
 def test_the_training_graphs_come_from_the_runs_dataset(tmp_path, make_graph):
     rng = np.random.default_rng(0)
     graphs = {
