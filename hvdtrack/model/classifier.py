@@ -63,13 +63,18 @@ def make_mlp(
     """Returns an MLP with ``config.activation`` (named ``mlp``), then a LayerNorm if asked.
 
     Built inside the calling module's constructor, so its variables sit under that module's name.
+    A final ReLU before the LayerNorm is the LayerNorm's own (``LayerNorm(relu=True)``: the same
+    values, and its backward pass keeps a bit per element instead of the ReLU's output).
     """
+    relu_in_norm = with_layer_norm and activate_final and config.activation == "relu"
     mlp = FusedMLP(
-        list(sizes), activation=ACTIVATIONS[config.activation], activate_final=activate_final
+        list(sizes),
+        activation=ACTIVATIONS[config.activation],
+        activate_final=activate_final and not relu_in_norm,
     )
     if not with_layer_norm:
         return mlp
-    return snt.Sequential([mlp, LayerNorm()])
+    return snt.Sequential([mlp, LayerNorm(relu=relu_in_norm)])
 
 
 class FusedLinear(snt.Linear):
@@ -377,7 +382,12 @@ class FactorizedEdgeUpdate(snt.Module):
         self._config = config
         self._activation = ACTIVATIONS[config.activation]
         self._mlp = _LinearStack(config.edge_update, name="mlp")
-        self._norm = LayerNorm() if config.layer_norm else None
+        # A last ReLU before the LayerNorm is the LayerNorm's own (as in ``make_mlp``); with
+        # one layer, the first layer's kernel applies it.
+        self._relu_in_norm = (
+            config.layer_norm and config.activation == "relu" and len(config.edge_update) > 1
+        )
+        self._norm = LayerNorm(relu=self._relu_in_norm) if config.layer_norm else None
 
     def _first_layer_blocks(self) -> dict[str, tf.Tensor]:
         first = self._mlp.layers[0]
@@ -435,8 +445,10 @@ class FactorizedEdgeUpdate(snt.Module):
 
     def _rest(self, h: tf.Tensor) -> tf.Tensor:
         """The layers after the first, on its activated output ``h`` [rows, H]."""
-        for layer in self._mlp.layers[1:]:
-            h = self._activation(layer(h))
+        for i, layer in enumerate(self._mlp.layers[1:], start=2):
+            h = layer(h)
+            if not (self._relu_in_norm and i == len(self._mlp.layers)):
+                h = self._activation(h)
         return h if self._norm is None else self._norm(h)
 
     def __call__(

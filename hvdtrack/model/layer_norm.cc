@@ -5,12 +5,28 @@
 // output). These two kernels take one pass each way: a row (64 floats for the model's latents)
 // is read once into cache, its statistics computed there, its output written once.
 //
-//   HvdtrackLayerNorm(x, scale, offset) -> y, mean, rstd
-//       y = (x - mean) * rstd * scale + offset, per row: mean, rstd = 1 / sqrt(var + eps)
-//   HvdtrackLayerNormGrad(dy, x, scale, mean, rstd) -> dx, dscale, doffset
-//       n = (x - mean) * rstd, g = dy * scale
-//       dx = rstd * (g - mean_row(g) - n * mean_row(g * n))
+//   HvdtrackLayerNorm(x, scale, offset; relu) -> y, mean, rstd, kept, mask
+//       a = max(x, 0) with relu, else x
+//       y = (a - mean) * rstd * scale + offset, per row: mean, rstd = 1 / sqrt(var + eps)
+//       kept: x itself (the same buffer, no copy) when y cannot give the normalised input back
+//       to float32 rounding (below), else an empty [0, width] tensor
+//       mask: with relu, uint8 [rows, ceil(width / 8)], bit c of a row set where x > 0; else
+//       [rows, 0]
+//   HvdtrackLayerNormGrad(dy, x, y, mask, scale, offset, mean, rstd; relu) -> dx, dscale, doffset
+//       n = (a - mean) * rstd if x has the rows, else (y - offset) / scale
+//       g = dy * scale, da = rstd * (g - mean_row(g) - n * mean_row(g * n))
+//       dx = da where the mask's bit is set (relu), else da
 //       dscale = sum_rows(dy * n), doffset = sum_rows(dy)
+//
+// What the backward pass keeps: y, which the next layer keeps for its own gradient anyway,
+// two numbers per row and, with relu, one bit per element; not x nor the ReLU's output, which
+// TensorFlow's ReluGrad would keep (one [rows, width] float tensor less per layer norm: 2 KB
+// per edge over the default model's 8 edge updates). Reading n back from y is exact to float32
+// rounding when every column has |offset| <= kMaxOffsetRatio * |scale| and a scale far from
+// zero: n then comes back with an absolute error of about 2^-24 * (2 |n| + |offset / scale|),
+// against 2^-24 |n| from x. Where a column does not (a scale trained to near zero, an offset
+// far above its scale), kept is x and the backward pass reads x, as before; the check is one
+// pass over [width].
 //
 // Rows are split into fixed blocks of kBlockRows run on TensorFlow's intra-op threads; the
 // column sums of the gradient add the blocks' partial sums in block order, so every result
@@ -23,6 +39,8 @@
 namespace hvdtrack {
 
 constexpr int64 kBlockRows = 1024;
+constexpr float kMaxOffsetRatio = 16.0f;
+constexpr float kMinScale = 1e-20f;
 
 REGISTER_OP("HvdtrackLayerNorm")
     .Input("x: float")
@@ -31,31 +49,40 @@ REGISTER_OP("HvdtrackLayerNorm")
     .Output("y: float")
     .Output("mean: float")
     .Output("rstd: float")
+    .Output("kept: float")
+    .Output("mask: uint8")
     .Attr("epsilon: float")
+    .Attr("relu: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle x;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &x));
       c->set_output(0, x);
       c->set_output(1, c->Vector(c->Dim(x, 0)));
       c->set_output(2, c->Vector(c->Dim(x, 0)));
+      c->set_output(3, c->Matrix(c->UnknownDim(), c->Dim(x, 1)));
+      c->set_output(4, c->Matrix(c->Dim(x, 0), c->UnknownDim()));
       return Status();
     });
 
 REGISTER_OP("HvdtrackLayerNormGrad")
     .Input("dy: float")
     .Input("x: float")
+    .Input("y: float")
+    .Input("mask: uint8")
     .Input("scale: float")
+    .Input("offset: float")
     .Input("mean: float")
     .Input("rstd: float")
     .Output("dx: float")
     .Output("dscale: float")
     .Output("doffset: float")
+    .Attr("relu: bool = false")
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle x;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &x));
-      c->set_output(0, x);
-      c->set_output(1, c->Vector(c->Dim(x, 1)));
-      c->set_output(2, c->Vector(c->Dim(x, 1)));
+      ShapeHandle dy;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &dy));
+      c->set_output(0, dy);
+      c->set_output(1, c->Vector(c->Dim(dy, 1)));
+      c->set_output(2, c->Vector(c->Dim(dy, 1)));
       return Status();
     });
 
@@ -87,12 +114,40 @@ Status CheckInputs(const Tensor& x, const Tensor& scale) {
   return Status();
 }
 
+// Whether y = n * scale + offset gives n back to float32 rounding in every column (see the top).
+bool InvertibleFromOutput(const float* scale, const float* offset, int64 width) {
+  for (int64 c = 0; c < width; ++c) {
+    const float s = std::abs(scale[c]);
+    // Written so that a NaN fails it.
+    if (!(s >= kMinScale && std::abs(offset[c]) <= kMaxOffsetRatio * s)) return false;
+  }
+  return true;
+}
+
+// Bytes of a row's ReLU mask: one bit per column.
+inline int64 MaskBytes(int64 width) { return (width + 7) / 8; }
+
+// out = max(row, 0) (a NaN stays NaN, as TensorFlow's Relu keeps it), and, unless bits is
+// null, bit c of the row's mask set where row[c] > 0 (where the ReLU passes the gradient).
+inline void Activate(const float* row, int64 width, float* out, uint8_t* bits) {
+  for (int64 c = 0; c < width; ++c) out[c] = row[c] < 0.f ? 0.f : row[c];
+  if (bits == nullptr) return;
+  for (int64 byte = 0; byte < MaskBytes(width); ++byte) {
+    uint8_t b = 0;
+    for (int64 c = byte * 8; c < std::min(width, byte * 8 + 8); ++c) {
+      b |= static_cast<uint8_t>(row[c] > 0.f) << (c - byte * 8);
+    }
+    bits[byte] = b;
+  }
+}
+
 }  // namespace
 
 class LayerNormOp : public OpKernel {
  public:
   explicit LayerNormOp(OpKernelConstruction* context) : OpKernel(context) {
     OP_REQUIRES_OK(context, context->GetAttr("epsilon", &epsilon_));
+    OP_REQUIRES_OK(context, context->GetAttr("relu", &relu_));
   }
 
   void Compute(OpKernelContext* context) override {
@@ -103,22 +158,38 @@ class LayerNormOp : public OpKernel {
     OP_REQUIRES(context, offset.shape() == scale.shape(),
                 ::tensorflow::errors::InvalidArgument("offset must have scale's shape"));
     const int64 rows = x.dim_size(0), width = x.dim_size(1);
-    Tensor *y, *mean, *rstd;
+    const int64 mask_bytes = relu_ ? MaskBytes(width) : 0;
+    Tensor *y, *mean, *rstd, *mask;
     OP_REQUIRES_OK(context, context->allocate_output(0, x.shape(), &y));
     OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({rows}), &mean));
     OP_REQUIRES_OK(context, context->allocate_output(2, TensorShape({rows}), &rstd));
-    if (rows == 0) return;
+    OP_REQUIRES_OK(context,
+                   context->allocate_output(4, TensorShape({rows, mask_bytes}), &mask));
     const float* xp = x.flat<float>().data();
     const float* sp = scale.flat<float>().data();
     const float* op = offset.flat<float>().data();
+    if (InvertibleFromOutput(sp, op, width)) {
+      Tensor* none;
+      OP_REQUIRES_OK(context, context->allocate_output(3, TensorShape({0, width}), &none));
+    } else {
+      context->set_output(3, x);  // the same buffer: the backward pass reads x
+    }
+    if (rows == 0) return;
     float* yp = y->flat<float>().data();
     float* mp = mean->flat<float>().data();
     float* rp = rstd->flat<float>().data();
+    uint8_t* bits = mask->flat<uint8_t>().data();
     const float eps = epsilon_;
     const float inv_width = 1.0f / static_cast<float>(width);
+    const bool relu = relu_;
     ForEachBlock(context, rows, width, [&](int64, int64 first, int64 end) {
+      std::vector<float> activated(relu ? width : 0);
       for (int64 r = first; r < end; ++r) {
         const float* row = xp + r * width;
+        if (relu) {
+          Activate(row, width, activated.data(), bits + r * mask_bytes);
+          row = activated.data();
+        }
         float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
         for (int64 c = 0; c < width; ++c) sum += row[c];
@@ -140,50 +211,88 @@ class LayerNormOp : public OpKernel {
 
  private:
   float epsilon_;
+  bool relu_;
 };
 
 class LayerNormGradOp : public OpKernel {
  public:
-  explicit LayerNormGradOp(OpKernelConstruction* context) : OpKernel(context) {}
+  explicit LayerNormGradOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("relu", &relu_));
+  }
 
   void Compute(OpKernelContext* context) override {
     const Tensor& dy = context->input(0);
     const Tensor& x = context->input(1);
-    const Tensor& scale = context->input(2);
-    const Tensor& mean = context->input(3);
-    const Tensor& rstd = context->input(4);
-    OP_REQUIRES_OK(context, CheckInputs(x, scale));
-    const int64 rows = x.dim_size(0), width = x.dim_size(1);
-    OP_REQUIRES(context, dy.shape() == x.shape(),
-                ::tensorflow::errors::InvalidArgument("dy must have x's shape"));
+    const Tensor& y = context->input(2);
+    const Tensor& mask = context->input(3);
+    const Tensor& scale = context->input(4);
+    const Tensor& offset = context->input(5);
+    const Tensor& mean = context->input(6);
+    const Tensor& rstd = context->input(7);
+    OP_REQUIRES_OK(context, CheckInputs(dy, scale));
+    const int64 rows = dy.dim_size(0), width = dy.dim_size(1);
+    const bool from_x = x.shape() == dy.shape();
+    OP_REQUIRES(context, from_x || y.shape() == dy.shape(),
+                ::tensorflow::errors::InvalidArgument(
+                    "x or y must have dy's shape ", dy.shape().DebugString(), ", got x ",
+                    x.shape().DebugString(), " and y ", y.shape().DebugString()));
+    const int64 mask_bytes = relu_ ? MaskBytes(width) : 0;
+    OP_REQUIRES(context, mask.shape() == TensorShape({rows, mask_bytes}),
+                ::tensorflow::errors::InvalidArgument("mask must be [", rows, ", ", mask_bytes,
+                                                      "], got ", mask.shape().DebugString()));
+    OP_REQUIRES(context, offset.shape() == scale.shape(),
+                ::tensorflow::errors::InvalidArgument("offset must have scale's shape"));
     OP_REQUIRES(context,
                 mean.dims() == 1 && mean.dim_size(0) == rows && rstd.shape() == mean.shape(),
                 ::tensorflow::errors::InvalidArgument("mean and rstd must be [rows]"));
     Tensor *dx, *dscale, *doffset;
-    OP_REQUIRES_OK(context, context->allocate_output(0, x.shape(), &dx));
+    OP_REQUIRES_OK(context, context->allocate_output(0, dy.shape(), &dx));
     OP_REQUIRES_OK(context, context->allocate_output(1, scale.shape(), &dscale));
     OP_REQUIRES_OK(context, context->allocate_output(2, scale.shape(), &doffset));
     const int64 blocks = (rows + kBlockRows - 1) / kBlockRows;
     // Per block: width partial sums of dy * n, then width of dy.
     std::vector<float> partial(blocks * 2 * width, 0.f);
     const float* dyp = dy.flat<float>().data();
-    const float* xp = x.flat<float>().data();
     const float* sp = scale.flat<float>().data();
     const float* mp = mean.flat<float>().data();
     const float* rp = rstd.flat<float>().data();
+    const uint8_t* bits = mask.flat<uint8_t>().data();
     float* dxp = dx->flat<float>().data();
     const float inv_width = 1.0f / static_cast<float>(width);
+    // n = (src - shift[c]) * factor[c] * row_factor: from x, shift is the row's mean and
+    // factor 1 (row_factor rstd); from y, shift is the offset and factor 1 / scale.
+    const float* srcp = from_x ? x.flat<float>().data() : y.flat<float>().data();
+    std::vector<float> shift(width, 0.f), factor(width, 1.f);
+    if (!from_x) {
+      const float* op = offset.flat<float>().data();
+      for (int64 c = 0; c < width; ++c) {
+        shift[c] = op[c];
+        factor[c] = 1.0f / sp[c];
+      }
+    }
+    const float* shp = shift.data();
+    const float* fp = factor.data();
+    const bool relu = relu_;
     ForEachBlock(context, rows, width, [&](int64 block, int64 first, int64 end) {
       float* dscale_part = partial.data() + block * 2 * width;
       float* doffset_part = dscale_part + width;
+      std::vector<float> normed(width), activated(relu && from_x ? width : 0);
+      float* n_row = normed.data();
       for (int64 r = first; r < end; ++r) {
-        const float* row = xp + r * width;
+        const float* row = srcp + r * width;
+        if (relu && from_x) {  // x is the input before the ReLU
+          Activate(row, width, activated.data(), nullptr);
+          row = activated.data();
+        }
         const float* up = dyp + r * width;
-        const float m = mp[r], s = rp[r];
+        const float s = rp[r];
+        const float m = from_x ? mp[r] : 0.f;
+        const float row_factor = from_x ? s : 1.f;
         float sum_g = 0.f, sum_gn = 0.f;
 #pragma omp simd reduction(+ : sum_g, sum_gn)
         for (int64 c = 0; c < width; ++c) {
-          const float n = (row[c] - m) * s;
+          const float n = (row[c] - m - shp[c]) * fp[c] * row_factor;
+          n_row[c] = n;
           const float g = up[c] * sp[c];
           sum_g += g;
           sum_gn += g * n;
@@ -193,8 +302,13 @@ class LayerNormGradOp : public OpKernel {
         const float mean_g = sum_g * inv_width, mean_gn = sum_gn * inv_width;
         float* out = dxp + r * width;
         for (int64 c = 0; c < width; ++c) {
-          const float n = (row[c] - m) * s;
-          out[c] = s * (up[c] * sp[c] - mean_g - n * mean_gn);
+          out[c] = s * (up[c] * sp[c] - mean_g - n_row[c] * mean_gn);
+        }
+        if (relu) {  // ReLU's gradient: zero where the input was not positive
+          const uint8_t* row_bits = bits + r * mask_bytes;
+          for (int64 c = 0; c < width; ++c) {
+            if (!((row_bits[c >> 3] >> (c & 7)) & 1)) out[c] = 0.f;
+          }
         }
       }
     });
@@ -210,6 +324,9 @@ class LayerNormGradOp : public OpKernel {
       }
     }
   }
+
+ private:
+  bool relu_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("HvdtrackLayerNorm").Device(::tensorflow::DEVICE_CPU), LayerNormOp);

@@ -23,11 +23,15 @@ from hvdtrack.model.kernels import fused_kernels
 class LayerNorm(snt.Module):
     """Layer normalisation over the last axis: ``snt.LayerNorm``'s function and variables
     (``layer_norm/scale``, ``layer_norm/offset``, eps 1e-5), fused on CPU (module docstring).
+
+    With ``relu=True`` it normalises ``tf.nn.relu(x)`` (the same values and gradients), and
+    the fused kernels keep one bit per element for the ReLU's gradient instead of its output.
     """
 
-    def __init__(self, eps: float = 1e-5, name: str = "layer_norm"):
+    def __init__(self, eps: float = 1e-5, relu: bool = False, name: str = "layer_norm"):
         super().__init__(name=name)
         self.eps = eps
+        self.relu = relu
 
     @snt.once
     def _create(self, width: int) -> None:
@@ -43,33 +47,46 @@ class LayerNorm(snt.Module):
         scale, offset = (tf.cast(v, tf.float32) for v in (self.scale, self.offset))
         kernels = fused_kernels() if x.shape.rank == 2 else None
         if kernels:  # casts inside: what the backward pass keeps is x in its own dtype
-            return _layer_norm_fused(kernels, x, scale, offset, self.eps)
+            return _layer_norm_fused(kernels, x, scale, offset, self.eps, self.relu)
+        if self.relu:
+            x = tf.nn.relu(x)
         if x.dtype == tf.float32:
             return _layer_norm_ops(x, scale, offset, self.eps)
         return tf.cast(_layer_norm_ops(tf.cast(x, tf.float32), scale, offset, self.eps), x.dtype)
 
 
-def _layer_norm_fused(kernels, x, scale, offset, eps: float) -> tf.Tensor:
-    """The kernels on x of any float dtype, computing in float32. The backward pass keeps x
-    as it came (bfloat16 under ``model.precision: bfloat16``) and casts it again: a float32
-    copy kept for it would be another 4 bytes per element (2 KB per edge over the default
-    model's 8 edge updates)."""
+def _layer_norm_fused(kernels, x, scale, offset, eps: float, relu: bool) -> tf.Tensor:
+    """The kernels on x of any float dtype, computing in float32.
+
+    In float32 the backward pass reads the normalised input back from the output, which the
+    next layer keeps anyway, and keeps no copy of x (``layer_norm.cc``: one [rows, width]
+    tensor less per layer norm, 2 KB per edge over the default model's 8 edge updates); the
+    kernel hands x over instead (``kept``) when the scale and offset would not give it back to
+    float32 rounding. In bfloat16 the output has too few digits for that: the backward pass
+    keeps x as it came and casts it again (a float32 copy would be another 4 bytes per
+    element)."""
+    from_output = x.dtype == tf.float32
 
     @tf.custom_gradient
     def norm(x, scale, offset):
-        y, mean, rstd = kernels.hvdtrack_layer_norm(
-            tf.cast(x, tf.float32), scale, offset, epsilon=eps
+        y, mean, rstd, kept, mask = kernels.hvdtrack_layer_norm(
+            tf.cast(x, tf.float32), scale, offset, epsilon=eps, relu=relu
         )
 
         def grad(upstream):
             with tf.name_scope("layer_norm_grad"):  # named for the step's op breakdown
-                # Cast when the gradient comes: a cast that needs only x would run as soon
-                # as x exists, and every layer's copy would wait for the backward pass.
-                with tf.control_dependencies([upstream]):
-                    x32 = tf.cast(x, tf.float32)
+                if from_output:
+                    source, output = kept, y
+                else:
+                    # Cast when the gradient comes: a cast that needs only x would run as
+                    # soon as x exists, and every layer's copy would wait for the backward pass.
+                    with tf.control_dependencies([upstream]):
+                        source = tf.cast(x, tf.float32)
+                    output = tf.zeros([0, y.shape[-1]], tf.float32)
                 dx, d_scale, d_offset = kernels.hvdtrack_layer_norm_grad(
-                    tf.cast(upstream, tf.float32), x32, scale, mean, rstd
-                )
+                    tf.cast(upstream, tf.float32), source, output, mask, scale, offset, mean,
+                    rstd, relu=relu,
+                )  # fmt: skip
                 return tf.cast(dx, x.dtype), d_scale, d_offset
 
         return tf.cast(y, x.dtype), grad

@@ -92,11 +92,126 @@ from hvdtrack.model.kernels import fused_kernels
 kernels = fused_kernels()
 rng = np.random.default_rng(0)
 x, dy = (tf.constant(rng.standard_normal((50000, 64)), tf.float32) for _ in range(2))
-scale, offset = (tf.constant(rng.standard_normal(64), tf.float32) for _ in range(2))
-y, mean, rstd = kernels.hvdtrack_layer_norm(x, scale, offset, epsilon=1e-5)
-out = [y, *kernels.hvdtrack_layer_norm_grad(dy, x, scale, mean, rstd)]
+scale = tf.constant(1 + 0.2 * rng.standard_normal(64), tf.float32)
+offset = tf.constant(0.5 * rng.standard_normal(64), tf.float32)
+none = tf.zeros([0, 64])
+out = []
+for relu in (False, True):
+    y, mean, rstd, kept, mask = kernels.hvdtrack_layer_norm(
+        x, scale, offset, epsilon=1e-5, relu=relu
+    )
+    assert kept.shape[0] == 0
+    out += [y, tf.cast(mask, tf.float32)]
+    for source, output in ((x, none), (none, y)):  # the backward pass from x and from y
+        out += kernels.hvdtrack_layer_norm_grad(
+            dy, source, output, mask, scale, offset, mean, rstd, relu=relu
+        )
 print(hashlib.sha256(b"".join(t.numpy().tobytes() for t in out)).hexdigest())
 """
+
+
+def _fused_op_gradients(x, upstream, scale, offset, relu=False):
+    """The kernels' outputs and the three gradients, through the op pair as the model runs it."""
+    kernels = norm_module.fused_kernels()
+    y, mean, rstd, kept, mask = kernels.hvdtrack_layer_norm(
+        x, scale, offset, epsilon=1e-5, relu=relu
+    )
+    grads = kernels.hvdtrack_layer_norm_grad(
+        upstream, kept, y, mask, scale, offset, mean, rstd, relu=relu
+    )
+    return y, kept, grads
+
+
+def _ops_values_and_gradients(x, upstream, scale_values, offset_values, relu):
+    """Sonnet's LayerNorm (of ``tf.nn.relu(x)`` with relu): values and gradients."""
+    norm = snt.LayerNorm(axis=-1, create_scale=True, create_offset=True)
+    activate = tf.nn.relu if relu else tf.identity
+    norm(x)
+    norm.scale.assign(scale_values), norm.offset.assign(offset_values)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = norm(activate(x))
+        loss = tf.reduce_sum(y * upstream)
+    return [y, *tape.gradient(loss, [x, norm.scale, norm.offset])]
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_backward_pass_from_the_output_keeps_no_copy_and_gives_the_gradients_from_x(relu):
+    # Scale near 1, offsets up to a few times it: y gives the normalised input back.
+    rng = np.random.default_rng(7)
+    x = tf.constant(rng.standard_normal((3000, 64)) * 4 - 1, tf.float32)
+    upstream = tf.constant(rng.standard_normal((3000, 64)), tf.float32)
+    scale = tf.constant(1 + 0.3 * rng.standard_normal(64), tf.float32)
+    offset = tf.constant(rng.standard_normal(64), tf.float32)
+    y, kept, from_y = _fused_op_gradients(x, upstream, scale, offset, relu)
+    assert kept.shape == (0, 64)
+    kernels = norm_module.fused_kernels()
+    _, mean, rstd, _, mask = kernels.hvdtrack_layer_norm(x, scale, offset, epsilon=1e-5, relu=relu)
+    from_x = kernels.hvdtrack_layer_norm_grad(
+        upstream, x, tf.zeros([0, 64]), mask, scale, offset, mean, rstd, relu=relu
+    )
+    for a, b in zip(from_y, from_x):  # float32 rounding of n: a few ulps of the largest value
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0, atol=2e-6 * np.abs(b).max())
+    expected = _ops_values_and_gradients(x, upstream, scale.numpy(), offset.numpy(), relu)
+    for a, b in zip([y, *from_y], expected):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize(
+    "column_scale, column_offset", [(0.0, 0.0), (1e-3, 0.5), (-0.01, 0.2), (float("nan"), 0.0)]
+)
+def test_a_column_y_cannot_give_back_makes_the_backward_pass_read_x(
+    column_scale, column_offset, relu
+):
+    rng = np.random.default_rng(8)
+    x = tf.constant(rng.standard_normal((300, 8)) * 2 + 0.5, tf.float32)
+    upstream = tf.constant(rng.standard_normal((300, 8)), tf.float32)
+    scale_values, offset_values = 1 + 0.3 * rng.standard_normal(8), rng.standard_normal(8) * 0.1
+    scale_values[3], offset_values[3] = column_scale, column_offset
+    scale, offset = (tf.constant(v, tf.float32) for v in (scale_values, offset_values))
+    y, kept, grads = _fused_op_gradients(x, upstream, scale, offset, relu)
+    np.testing.assert_array_equal(kept.numpy(), x.numpy())  # x handed over, not recovered
+    if np.isnan(column_scale):
+        return
+    expected = _ops_values_and_gradients(x, upstream, scale_values, offset_values, relu)
+    for a, b in zip([y, *grads], expected):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_relu_mask_is_one_bit_per_element_where_x_is_positive():
+    kernels = norm_module.fused_kernels()
+    x = tf.constant([[-1.0, 2, 0, 3, -0.5, 1, 1, 1, 4], [1, 1, 1, 1, 1, 1, 1, 1, -2]])
+    outputs = kernels.hvdtrack_layer_norm(x, tf.ones([9]), tf.zeros([9]), epsilon=1e-5, relu=True)
+    # row 0: columns 1, 3, 5, 6, 7 in the first byte (0b11101010), column 8 in the second
+    np.testing.assert_array_equal(outputs[4].numpy(), [[234, 1], [255, 0]])
+    plain = kernels.hvdtrack_layer_norm(x, tf.ones([9]), tf.zeros([9]), epsilon=1e-5)
+    assert plain[4].shape == (2, 0)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_layer_norm_of_the_relu_equals_the_relu_then_the_layer_norm(implementation, dtype):
+    rng = np.random.default_rng(9)
+    x = tf.constant(rng.standard_normal((700, 16)) * 2, dtype)
+    upstream = tf.constant(rng.standard_normal((700, 16)), dtype)
+    fused, separate = LayerNorm(relu=True), LayerNorm()
+    fused(x), separate(x)
+    for module in (fused, separate):
+        module.scale.assign(1 + 0.1 * np.arange(16)), module.offset.assign(0.1 * np.arange(16))
+
+    def run(norm, activate):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = norm(activate(x))
+            loss = tf.reduce_sum(tf.cast(y, tf.float32) * tf.cast(upstream, tf.float32))
+        return [y, *tape.gradient(loss, [x, norm.scale, norm.offset])]
+
+    for a, b in zip(run(fused, tf.identity), run(separate, tf.nn.relu)):
+        a, b = (tf.cast(t, tf.float32).numpy() for t in (a, b))
+        if dtype == tf.float32:
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        else:  # the same maths on the same bfloat16 inputs
+            np.testing.assert_array_equal(a, b)
 
 
 def test_fused_results_do_not_depend_on_the_number_of_threads():
