@@ -176,7 +176,7 @@ class StagedClassifier:
         logits = list(logits)
         for step in self.steps[stage]:
             output = m.config.output_every_step or step == last
-            latent, step_logits = m.core_step(latent, encoded, invariant, output)
+            latent, step_logits = m.core_step(latent, encoded, invariant, output, step == last)
             if output:
                 logits.append(step_logits)
         return encoded, latent, invariant, logits

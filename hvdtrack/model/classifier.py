@@ -37,6 +37,7 @@ from graph_nets import blocks
 from graph_nets.graphs import GraphsTuple
 
 from hvdtrack.model.config import ACTIVATION_NAMES, ModelConfig
+from hvdtrack.model.head import lean_head
 from hvdtrack.model.norm import LayerNorm
 from hvdtrack.model.recompute import (
     StepParts,
@@ -91,6 +92,11 @@ class FusedLinear(snt.Linear):
         self._initialize(inputs)
         return tf.nn.bias_add(tf.matmul(inputs, self.w), self.b)
 
+    def weights(self, inputs: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """w and b read as tensors, created first (Sonnet style) for inputs of this width."""
+        self._initialize(inputs)
+        return tf.convert_to_tensor(self.w), tf.convert_to_tensor(self.b)
+
 
 class FusedMLP(snt.nets.MLP):
     """``snt.nets.MLP`` of ``FusedLinear`` layers: the same variable names (``mlp/linear_<i>``)
@@ -110,6 +116,10 @@ class FusedMLP(snt.nets.MLP):
             FusedLinear(size, name=f"linear_{i}") for i, size in enumerate(output_sizes)
         ]
 
+    @property
+    def layers(self) -> list[FusedLinear]:
+        return self._layers
+
 
 class EdgeBlock(blocks.EdgeBlock):
     """``graph_nets.blocks.EdgeBlock`` that can also run its edge model on given rows."""
@@ -118,6 +128,11 @@ class EdgeBlock(blocks.EdgeBlock):
         """The edge model on the concatenation of ``parts`` (rows of edges, in the order the
         block collects them: edges, receiver nodes, sender nodes)."""
         return self._edge_model(tf.concat(parts, axis=-1) if len(parts) > 1 else parts[0])
+
+    @property
+    def model(self) -> snt.Module:
+        """The edge model (the MLP)."""
+        return self._edge_model
 
 
 class NodeBlock(blocks.NodeBlock):
@@ -243,8 +258,9 @@ class SegmentClassifier(snt.Module):
         return encoded, tuple(self._edge_update.encoded_terms(encoded)) if factorized else ()
 
     def core_step(
-        self, latent: GraphsTuple, encoded: GraphsTuple, invariant: tuple = (), output: bool = True
-    ) -> tuple[GraphsTuple, tf.Tensor | None]:
+        self, latent: GraphsTuple, encoded: GraphsTuple, invariant: tuple = (),
+        output: bool = True, last: bool = False,
+    ) -> tuple[GraphsTuple, tf.Tensor | None]:  # fmt: skip
         """One message-passing step (the shared core) and, if ``output``, its edge logits.
 
         Args:
@@ -253,6 +269,8 @@ class SegmentClassifier(snt.Module):
           encoded: the first element of ``encode``'s result for the same batch.
           invariant: the second element of ``encode``'s result.
           output: apply the output head.
+          last: no later step reads the latents returned (the head's backward pass need not
+            wait for their gradient: ``head.lean_head``).
 
         Returns:
           The updated latents, and the step's edge logits [E] (None without ``output``).
@@ -266,6 +284,17 @@ class SegmentClassifier(snt.Module):
         updated = self._node_update(latent.replace(nodes=core_nodes, edges=edges))
         if not output:
             return updated, None
+        config, head = self._config, self._edge_output.model
+        if (
+            config.activation == "relu"
+            and len(config.output_head) == 1
+            and edges.dtype == tf.float32
+        ):
+            hidden, out = head.layers
+            w1, b1 = hidden.weights(edges)
+            w2, b2 = out.weights(tf.zeros([0, w1.shape[-1]]))
+            edges, logits = lean_head(edges, w1, b1, w2, b2, wait=not last)
+            return updated.replace(edges=edges), tf.squeeze(logits, axis=-1)
         return updated, tf.squeeze(self._edge_output(updated).edges, axis=-1)
 
     def _forward(self, graphs: GraphsTuple, recompute: bool) -> list[tf.Tensor]:
@@ -276,7 +305,7 @@ class SegmentClassifier(snt.Module):
         for step in range(self._config.num_message_passing_steps):
             last = step == self._config.num_message_passing_steps - 1
             output = self._config.output_every_step or last
-            latent, logits = self.core_step(latent, encoded, invariant, output)
+            latent, logits = self.core_step(latent, encoded, invariant, output, last)
             if output:
                 outputs.append(logits)
         return outputs

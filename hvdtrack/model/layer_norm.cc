@@ -34,6 +34,12 @@
 //
 // Built with the other kernels into the one library by hvdtrack/model/kernels.py.
 
+#include <cstdint>
+#include <cstring>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 #include "kernels.h"
 
 namespace hvdtrack {
@@ -127,17 +133,105 @@ bool InvertibleFromOutput(const float* scale, const float* offset, int64 width) 
 // Bytes of a row's ReLU mask: one bit per column.
 inline int64 MaskBytes(int64 width) { return (width + 7) / 8; }
 
-// out = max(row, 0) (a NaN stays NaN, as TensorFlow's Relu keeps it), and, unless bits is
-// null, bit c of the row's mask set where row[c] > 0 (where the ReLU passes the gradient).
-inline void Activate(const float* row, int64 width, float* out, uint8_t* bits) {
-  for (int64 c = 0; c < width; ++c) out[c] = row[c] < 0.f ? 0.f : row[c];
-  if (bits == nullptr) return;
-  for (int64 byte = 0; byte < MaskBytes(width); ++byte) {
+// a = max(x, 0) (a NaN stays NaN, as TensorFlow's Relu keeps it).
+inline float Relu(float x) { return x < 0.f ? 0.f : x; }
+
+// Bit c of the row's mask set where row[c] > 0 (where the ReLU passes the gradient).
+inline void MaskRow(const float* row, int64 width, uint8_t* bits) {
+  const int64 whole = width / 8;
+#ifdef __SSE2__  // every x86-64 CPU: four compares and their sign bits at once
+  const __m128 zero = _mm_setzero_ps();
+  for (int64 j = 0; j < whole; ++j) {
+    const float* p = row + 8 * j;
+    const int low = _mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(p), zero));
+    const int high = _mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(p + 4), zero));
+    bits[j] = static_cast<uint8_t>(low | high << 4);
+  }
+#else
+  for (int64 j = 0; j < whole; ++j) {
+    const float* p = row + 8 * j;
+    bits[j] = static_cast<uint8_t>((p[0] > 0.f) | (p[1] > 0.f) << 1 | (p[2] > 0.f) << 2 |
+                                   (p[3] > 0.f) << 3 | (p[4] > 0.f) << 4 | (p[5] > 0.f) << 5 |
+                                   (p[6] > 0.f) << 6 | (p[7] > 0.f) << 7);
+  }
+#endif
+  if (whole < MaskBytes(width)) {
     uint8_t b = 0;
-    for (int64 c = byte * 8; c < std::min(width, byte * 8 + 8); ++c) {
-      b |= static_cast<uint8_t>(row[c] > 0.f) << (c - byte * 8);
+    for (int64 c = whole * 8; c < width; ++c) b |= static_cast<uint8_t>(row[c] > 0.f) << (c & 7);
+    bits[whole] = b;
+  }
+}
+
+// One row of the forward pass (see the top), on a = max(x, 0) with kRelu, else on x.
+template <bool kRelu>
+inline void NormRow(const float* row, const float* sp, const float* op, int64 width,
+                    float inv_width, float eps, float* out, float* mean, float* rstd) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64 c = 0; c < width; ++c) sum += kRelu ? Relu(row[c]) : row[c];
+  const float m = sum * inv_width;
+  float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+  for (int64 c = 0; c < width; ++c) {
+    const float d = (kRelu ? Relu(row[c]) : row[c]) - m;
+    squares += d * d;
+  }
+  const float s = 1.0f / std::sqrt(squares * inv_width + eps);
+  for (int64 c = 0; c < width; ++c) out[c] = ((kRelu ? Relu(row[c]) : row[c]) - m) * s * sp[c] + op[c];
+  *mean = m;
+  *rstd = s;
+}
+
+// For each byte of a mask, its eight bits as all-ones or zero words: a float ANDed with them
+// is itself or +0 (what ReluGrad gives where the input was not positive, NaN or not).
+struct BitWords {
+  uint32_t words[256][8];
+  BitWords() {
+    for (int b = 0; b < 256; ++b) {
+      for (int k = 0; k < 8; ++k) words[b][k] = ((b >> k) & 1) ? 0xffffffffu : 0u;
     }
-    bits[byte] = b;
+  }
+};
+
+// keep[c] = all ones where bit c of the row's mask is set, else 0.
+inline void ExpandMask(const uint8_t* bits, int64 width, uint32_t* keep) {
+  static const BitWords table;
+  for (int64 j = 0; j * 8 < width; ++j) {
+    std::memcpy(keep + 8 * j, table.words[bits[j]], sizeof(uint32_t) * std::min<int64>(8, width - 8 * j));
+  }
+}
+
+// One row of the gradient (see the top). kFromX: n = (a - m) * s from the (activated) input
+// a; else n = (y - offset) * inverse_scale. keep: ExpandMask's words, or null without ReLU.
+template <bool kFromX>
+inline void GradRow(const float* src, const float* up, const float* sp, const float* offset,
+                    const float* inverse_scale, float m, float s, int64 width, float inv_width,
+                    const uint32_t* keep, float* dscale_part, float* doffset_part, float* out) {
+  float sum_g = 0.f, sum_gn = 0.f;
+#pragma omp simd reduction(+ : sum_g, sum_gn)
+  for (int64 c = 0; c < width; ++c) {
+    const float n = kFromX ? (src[c] - m) * s : (src[c] - offset[c]) * inverse_scale[c];
+    const float g = up[c] * sp[c];
+    sum_g += g;
+    sum_gn += g * n;
+    dscale_part[c] += up[c] * n;
+    doffset_part[c] += up[c];
+  }
+  const float mean_g = sum_g * inv_width, mean_gn = sum_gn * inv_width;
+  if (keep == nullptr) {
+    for (int64 c = 0; c < width; ++c) {
+      const float n = kFromX ? (src[c] - m) * s : (src[c] - offset[c]) * inverse_scale[c];
+      out[c] = s * (up[c] * sp[c] - mean_g - n * mean_gn);
+    }
+    return;
+  }
+  for (int64 c = 0; c < width; ++c) {
+    const float n = kFromX ? (src[c] - m) * s : (src[c] - offset[c]) * inverse_scale[c];
+    const float v = s * (up[c] * sp[c] - mean_g - n * mean_gn);
+    uint32_t word;
+    std::memcpy(&word, &v, sizeof word);
+    word &= keep[c];
+    std::memcpy(out + c, &word, sizeof word);
   }
 }
 
@@ -183,28 +277,14 @@ class LayerNormOp : public OpKernel {
     const float inv_width = 1.0f / static_cast<float>(width);
     const bool relu = relu_;
     ForEachBlock(context, rows, width, [&](int64, int64 first, int64 end) {
-      std::vector<float> activated(relu ? width : 0);
       for (int64 r = first; r < end; ++r) {
         const float* row = xp + r * width;
         if (relu) {
-          Activate(row, width, activated.data(), bits + r * mask_bytes);
-          row = activated.data();
+          MaskRow(row, width, bits + r * mask_bytes);
+          NormRow<true>(row, sp, op, width, inv_width, eps, yp + r * width, mp + r, rp + r);
+        } else {
+          NormRow<false>(row, sp, op, width, inv_width, eps, yp + r * width, mp + r, rp + r);
         }
-        float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-        for (int64 c = 0; c < width; ++c) sum += row[c];
-        const float m = sum * inv_width;
-        float squares = 0.f;
-#pragma omp simd reduction(+ : squares)
-        for (int64 c = 0; c < width; ++c) {
-          const float d = row[c] - m;
-          squares += d * d;
-        }
-        const float s = 1.0f / std::sqrt(squares * inv_width + eps);
-        float* out = yp + r * width;
-        for (int64 c = 0; c < width; ++c) out[c] = (row[c] - m) * s * sp[c] + op[c];
-        mp[r] = m;
-        rp[r] = s;
       }
     });
   }
@@ -259,56 +339,32 @@ class LayerNormGradOp : public OpKernel {
     const uint8_t* bits = mask.flat<uint8_t>().data();
     float* dxp = dx->flat<float>().data();
     const float inv_width = 1.0f / static_cast<float>(width);
-    // n = (src - shift[c]) * factor[c] * row_factor: from x, shift is the row's mean and
-    // factor 1 (row_factor rstd); from y, shift is the offset and factor 1 / scale.
+    const float* op = offset.flat<float>().data();
+    std::vector<float> inverse_scale(width);
+    for (int64 c = 0; c < width; ++c) inverse_scale[c] = 1.0f / sp[c];
+    const float* isp = inverse_scale.data();
     const float* srcp = from_x ? x.flat<float>().data() : y.flat<float>().data();
-    std::vector<float> shift(width, 0.f), factor(width, 1.f);
-    if (!from_x) {
-      const float* op = offset.flat<float>().data();
-      for (int64 c = 0; c < width; ++c) {
-        shift[c] = op[c];
-        factor[c] = 1.0f / sp[c];
-      }
-    }
-    const float* shp = shift.data();
-    const float* fp = factor.data();
     const bool relu = relu_;
     ForEachBlock(context, rows, width, [&](int64 block, int64 first, int64 end) {
       float* dscale_part = partial.data() + block * 2 * width;
       float* doffset_part = dscale_part + width;
-      std::vector<float> normed(width), activated(relu && from_x ? width : 0);
-      float* n_row = normed.data();
+      std::vector<float> activated(relu && from_x ? width : 0);
+      std::vector<uint32_t> keep(relu ? width : 0);
       for (int64 r = first; r < end; ++r) {
         const float* row = srcp + r * width;
+        if (relu) ExpandMask(bits + r * mask_bytes, width, keep.data());
         if (relu && from_x) {  // x is the input before the ReLU
-          Activate(row, width, activated.data(), nullptr);
+          for (int64 c = 0; c < width; ++c) activated[c] = Relu(row[c]);
           row = activated.data();
         }
-        const float* up = dyp + r * width;
-        const float s = rp[r];
-        const float m = from_x ? mp[r] : 0.f;
-        const float row_factor = from_x ? s : 1.f;
-        float sum_g = 0.f, sum_gn = 0.f;
-#pragma omp simd reduction(+ : sum_g, sum_gn)
-        for (int64 c = 0; c < width; ++c) {
-          const float n = (row[c] - m - shp[c]) * fp[c] * row_factor;
-          n_row[c] = n;
-          const float g = up[c] * sp[c];
-          sum_g += g;
-          sum_gn += g * n;
-          dscale_part[c] += up[c] * n;
-          doffset_part[c] += up[c];
-        }
-        const float mean_g = sum_g * inv_width, mean_gn = sum_gn * inv_width;
+        const uint32_t* kp = relu ? keep.data() : nullptr;
         float* out = dxp + r * width;
-        for (int64 c = 0; c < width; ++c) {
-          out[c] = s * (up[c] * sp[c] - mean_g - n_row[c] * mean_gn);
-        }
-        if (relu) {  // ReLU's gradient: zero where the input was not positive
-          const uint8_t* row_bits = bits + r * mask_bytes;
-          for (int64 c = 0; c < width; ++c) {
-            if (!((row_bits[c >> 3] >> (c & 7)) & 1)) out[c] = 0.f;
-          }
+        if (from_x) {
+          GradRow<true>(row, dyp + r * width, sp, op, isp, mp[r], rp[r], width, inv_width, kp,
+                        dscale_part, doffset_part, out);
+        } else {
+          GradRow<false>(row, dyp + r * width, sp, op, isp, 0.f, rp[r], width, inv_width, kp,
+                         dscale_part, doffset_part, out);
         }
       }
     });
