@@ -431,6 +431,23 @@ def test_importing_every_module_sets_no_tensorflow_setting():
     assert set_by_the_package == {}, f"(TensorFlow itself sets {dict(tensorflow_own)})"
 
 
+def test_importing_every_module_leaves_tensorflows_threads_to_set():
+    # A tensor made at import (a module-level tf.constant) starts TensorFlow's runtime, after
+    # which the thread counts can no longer be set: a rank pinned to one core would run on all.
+    names = sorted(MODULES)
+    seen = python(
+        "import importlib, json\n"
+        f"for m in {names!r}: importlib.import_module(m)\n"
+        "import tensorflow as tf\n"
+        "try:\n"
+        "    tf.config.threading.set_intra_op_parallelism_threads(1)\n"
+        "    print(json.dumps('settable'))\n"
+        "except RuntimeError as error:\n"
+        "    print(json.dumps(str(error)))\n"
+    )
+    assert seen == "settable"
+
+
 HEAVY = ("tensorflow", "sonnet", "graph_nets")
 CONFIGS = sorted(path.name for path in (REPO / "configs").glob("*.yaml"))
 

@@ -26,21 +26,22 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-_POWERS = tf.constant([1, 2, 4, 8, 16, 32, 64, 128], tf.uint8)
+# Not a tensor at import: that would start TensorFlow's runtime before the threads are set.
+_POWERS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def pack_bits(mask: tf.Tensor) -> tf.Tensor:
     """bool [rows, width] -> uint8 [rows, ceil(width / 8)], column c in bit c % 8 of byte c // 8."""
     rows, width = tf.shape(mask)[0], mask.shape[-1]
     padded = tf.pad(mask, [[0, 0], [0, -width % 8]])
-    grouped = tf.reshape(tf.cast(padded, tf.uint8), [rows, -1, 8]) * _POWERS
+    grouped = tf.reshape(tf.cast(padded, tf.uint8), [rows, -1, 8]) * tf.constant(_POWERS, tf.uint8)
     return tf.reduce_sum(grouped, axis=-1)  # distinct powers of two: no carry
 
 
 def unpack_bits(bits: tf.Tensor, width: int) -> tf.Tensor:
     """``pack_bits``'s inverse: bool [rows, width]."""
     rows = tf.shape(bits)[0]
-    set_ = tf.bitwise.bitwise_and(bits[:, :, None], _POWERS) > 0
+    set_ = tf.bitwise.bitwise_and(bits[:, :, None], tf.constant(_POWERS, tf.uint8)) > 0
     return tf.reshape(set_, [rows, -1])[:, :width]
 
 
