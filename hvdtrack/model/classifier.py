@@ -24,7 +24,7 @@ node_update,edge_output}/...``.
 stages of ``hvdtrack.distributed.stages`` call them).
 
 Public symbols: ``SegmentClassifier``, ``FactorizedEdgeUpdate``, ``segment_sum``,
-``make_mlp``, ``FusedMLP``, ``FusedLinear``, ``MODULE_NAMES``.
+``MODULE_NAMES``.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ import tensorflow as tf
 from graph_nets import blocks
 from graph_nets.graphs import GraphsTuple
 
-from hvdtrack.model.config import ACTIVATION_NAMES, ModelConfig
+from hvdtrack.model.config import ModelConfig
 from hvdtrack.model.head import lean_head
+from hvdtrack.model.mlp import ACTIVATIONS, LinearStack, make_mlp
 from hvdtrack.model.norm import LayerNorm
 from hvdtrack.model.recompute import (
     StepParts,
@@ -47,78 +48,8 @@ from hvdtrack.model.recompute import (
 )
 from hvdtrack.model.segments import gather_sum, segment_sum
 
-ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
-    "relu": tf.nn.relu,
-    "tanh": tf.nn.tanh,
-    "elu": tf.nn.elu,
-}
-assert tuple(ACTIVATIONS) == ACTIVATION_NAMES
-
 # The sub-modules holding variables, in data-flow order; variable names start with these.
 MODULE_NAMES = ("node_encoder", "edge_encoder", "edge_update", "node_update", "edge_output")
-
-
-def make_mlp(
-    sizes: tuple[int, ...], config: ModelConfig, with_layer_norm: bool, activate_final: bool
-) -> snt.Module:
-    """Returns an MLP with ``config.activation`` (named ``mlp``), then a LayerNorm if asked.
-
-    Built inside the calling module's constructor, so its variables sit under that module's name.
-    A final ReLU before the LayerNorm is the LayerNorm's own (``LayerNorm(relu=True)``: the same
-    values, and its backward pass keeps a bit per element instead of the ReLU's output).
-    """
-    relu_in_norm = with_layer_norm and activate_final and config.activation == "relu"
-    mlp = FusedMLP(
-        list(sizes),
-        activation=ACTIVATIONS[config.activation],
-        activate_final=activate_final and not relu_in_norm,
-    )
-    if not with_layer_norm:
-        return mlp
-    return snt.Sequential([mlp, LayerNorm(relu=relu_in_norm)])
-
-
-class FusedLinear(snt.Linear):
-    """``snt.Linear`` (same variables, same values) adding its bias with ``tf.nn.bias_add``.
-
-    ``snt.Linear`` adds the bias with ``tf.add``; grappler's remapper fuses only a ``BiasAdd``
-    (and the activation after it) into the matmul: one ``_FusedMatMul`` kernel applies bias
-    and ReLU to each output block while it is in cache, instead of two more passes over
-    [rows, width], and the bias gradient becomes ``BiasAddGrad`` instead of a general ``Sum``.
-    The step on 5k nodes / 40k edges: 25 ms less op time of 536 (docs/performance.md).
-    """
-
-    def __call__(self, inputs: tf.Tensor) -> tf.Tensor:
-        self._initialize(inputs)
-        return tf.nn.bias_add(tf.matmul(inputs, self.w), self.b)
-
-    def weights(self, inputs: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """w and b read as tensors, created first (Sonnet style) for inputs of this width."""
-        self._initialize(inputs)
-        return tf.convert_to_tensor(self.w), tf.convert_to_tensor(self.b)
-
-
-class FusedMLP(snt.nets.MLP):
-    """``snt.nets.MLP`` of ``FusedLinear`` layers: the same variable names (``mlp/linear_<i>``)
-    and checkpoint keys (``_layers/<i>``)."""
-
-    def __init__(
-        self,
-        output_sizes: list[int],
-        activation: Callable[[tf.Tensor], tf.Tensor],
-        activate_final: bool,
-        name: str = "mlp",
-    ):
-        super().__init__(
-            output_sizes, activation=activation, activate_final=activate_final, name=name
-        )
-        self._layers = [
-            FusedLinear(size, name=f"linear_{i}") for i, size in enumerate(output_sizes)
-        ]
-
-    @property
-    def layers(self) -> list[FusedLinear]:
-        return self._layers
 
 
 class EdgeBlock(blocks.EdgeBlock):
@@ -382,14 +313,6 @@ class SegmentClassifier(snt.Module):
         return [x for x, want in zip(logits, wanted) if want]
 
 
-class _LinearStack(snt.Module):
-    """The Linear layers of an MLP, named like ``snt.nets.MLP``'s (``mlp/linear_<i>``)."""
-
-    def __init__(self, sizes: tuple[int, ...], name: str = "mlp"):
-        super().__init__(name=name)
-        self.layers = [FusedLinear(size, name=f"linear_{i}") for i, size in enumerate(sizes)]
-
-
 class FactorizedEdgeUpdate(snt.Module):
     """The core edge update with its first layer applied part by part (same weights and result).
 
@@ -410,7 +333,7 @@ class FactorizedEdgeUpdate(snt.Module):
         super().__init__(name=name)
         self._config = config
         self._activation = ACTIVATIONS[config.activation]
-        self._mlp = _LinearStack(config.edge_update, name="mlp")
+        self._mlp = LinearStack(config.edge_update, name="mlp")
         # A last ReLU before the LayerNorm is the LayerNorm's own (as in ``make_mlp``); with
         # one layer, the first layer's kernel applies it.
         self._relu_in_norm = (

@@ -7,7 +7,7 @@ from typing import Literal
 
 from hvdtrack.configtools import check
 
-# The non-linearities ``model.activation`` may name (``classifier.ACTIVATIONS`` holds the ops).
+# The non-linearities ``model.activation`` may name (``mlp.ACTIVATIONS`` holds the ops).
 ACTIVATION_NAMES = ("relu", "tanh", "elu")
 
 # Compute dtypes of ``model.precision`` (variables, gradients and optimizer stay float32).

@@ -11,7 +11,9 @@ The default head is ``logit = relu(e @ w1 + b1) @ w2 + b2`` on every step's new 
 needs e, which the next step keeps anyway, and the mask, not the hidden layer: ``lean_head``
 keeps the mask packed into bits, 8 bytes per edge instead of 256 in float32 (1.9 KB per edge
 over the default model's 8 heads). The products are the ones TensorFlow's own gradient takes
-(M is its dw1 before the scaling by w2), so the time is the same.
+(M is its dw1 before the scaling by w2; de = D @ (w1 * w2^T)^T), so the time is the same. On
+CPU the bits are packed and D made by the kernel library (``HvdtrackReluMask``,
+``HvdtrackMaskedColumn`` in ``layer_norm.cc``); elsewhere by ``pack_bits`` / ``unpack_bits``.
 
 TensorFlow runs a head's backward pass as soon as its logit's gradient exists, at the start of
 the backward pass, and would hold each head's de [E, L] until the backward pass reaches its step.
@@ -25,6 +27,8 @@ Public symbols: ``lean_head``, ``pack_bits``, ``unpack_bits``.
 from __future__ import annotations
 
 import tensorflow as tf
+
+from hvdtrack.model.kernels import fused_kernels
 
 # Not a tensor at import: that would start TensorFlow's runtime before the threads are set.
 _POWERS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -67,18 +71,22 @@ def lean_head(
 
 def _forward(edges, w1, b1, w2, b2):
     """The logits [E, 1], and the backward pass from dlogit: (de, dw1, db1, dw2, db2)."""
-    pre = tf.nn.bias_add(edges @ w1, b1)
-    logits = tf.nn.bias_add(tf.nn.relu(pre) @ w2, b2)
-    bits = pack_bits(pre > 0)
+    hidden = tf.nn.relu(tf.nn.bias_add(edges @ w1, b1))  # one _FusedMatMul
+    logits = tf.nn.bias_add(hidden @ w2, b2)
     width = w1.shape[-1]
+    kernels = fused_kernels()
+    bits = kernels.hvdtrack_relu_mask(hidden) if kernels else pack_bits(hidden > 0)
 
     def backward(d_logits):
-        d = tf.cast(unpack_bits(bits, width), tf.float32) * d_logits
+        if kernels:
+            d = kernels.hvdtrack_masked_column(bits, d_logits, width=width)
+        else:
+            d = tf.cast(unpack_bits(bits, width), tf.float32) * d_logits
         d_sum = tf.reduce_sum(d, axis=0)
         m = tf.matmul(edges, d, transpose_a=True)
         w2_row = tf.reshape(w2, [1, width])
         d_w2 = tf.reshape(tf.reduce_sum(w1 * m, axis=0) + b1 * d_sum, [width, 1])
-        d_edges = tf.matmul(d * w2_row, w1, transpose_b=True)
+        d_edges = tf.matmul(d, w1 * w2_row, transpose_b=True)  # (D * w2^T) @ w1^T
         return d_edges, m * w2_row, d_sum * w2_row[0], d_w2, tf.reduce_sum(d_logits, axis=0)
 
     return logits, backward

@@ -1,7 +1,8 @@
 """The model's C++ CPU kernel library: built, cached and loaded, with the switch to TensorFlow ops.
 
 One library holds the fused kernels (``SOURCES``): ``layer_norm.cc`` (``HvdtrackLayerNorm``,
-``HvdtrackLayerNormGrad``, used by ``norm.LayerNorm``), ``segment_sum.cc``
+``HvdtrackLayerNormGrad``, used by ``norm.LayerNorm``; ``HvdtrackReluMask``,
+``HvdtrackMaskedColumn``, used by ``head.lean_head``), ``segment_sum.cc``
 (``HvdtrackSegmentSum``, ``HvdtrackSegmentAdd``, used by ``segments.segment_sum`` and
 ``segment_add``) and ``gather_sum.cc`` (``HvdtrackGatherSum``, used by ``segments.gather_sum``). Each gives the same result at any
 number of intra-op threads. It is compiled on first use against the installed TensorFlow's

@@ -389,4 +389,100 @@ REGISTER_KERNEL_BUILDER(Name("HvdtrackLayerNorm").Device(::tensorflow::DEVICE_CP
 REGISTER_KERNEL_BUILDER(Name("HvdtrackLayerNormGrad").Device(::tensorflow::DEVICE_CPU),
                         LayerNormGradOp);
 
+// The ReLU masks of other layers, packed as the layer norm's (one bit per element):
+//   HvdtrackReluMask(x) -> bits uint8 [rows, ceil(width / 8)], bit c of a row set where x > 0
+//   HvdtrackMaskedColumn(bits, column; width) -> float [rows, width]: column[r] where bit c of
+//       row r is set, else 0 (the gradient through a ReLU of an upstream that is one number per
+//       row: the output head's, hvdtrack/model/head.py)
+REGISTER_OP("HvdtrackReluMask")
+    .Input("x: float")
+    .Output("bits: uint8")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle x;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &x));
+      DimensionHandle width = c->Dim(x, 1);
+      c->set_output(0, c->Matrix(c->Dim(x, 0), c->ValueKnown(width)
+                                                   ? c->MakeDim((c->Value(width) + 7) / 8)
+                                                   : c->UnknownDim()));
+      return Status();
+    });
+
+REGISTER_OP("HvdtrackMaskedColumn")
+    .Input("bits: uint8")
+    .Input("column: float")
+    .Output("out: float")
+    .Attr("width: int >= 0")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle bits;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &bits));
+      int64 width;
+      TF_RETURN_IF_ERROR(c->GetAttr("width", &width));
+      c->set_output(0, c->Matrix(c->Dim(bits, 0), width));
+      return Status();
+    });
+
+class ReluMaskOp : public OpKernel {
+ public:
+  explicit ReluMaskOp(OpKernelConstruction* context) : OpKernel(context) {}
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& x = context->input(0);
+    OP_REQUIRES(context, x.dims() == 2,
+                ::tensorflow::errors::InvalidArgument("x must be [rows, width], got shape ",
+                                                      x.shape().DebugString()));
+    const int64 rows = x.dim_size(0), width = x.dim_size(1), bytes = MaskBytes(width);
+    Tensor* bits;
+    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({rows, bytes}), &bits));
+    const float* xp = x.flat<float>().data();
+    uint8_t* bp = bits->flat<uint8_t>().data();
+    ForEachBlock(context, rows, width, [&](int64, int64 first, int64 end) {
+      for (int64 r = first; r < end; ++r) MaskRow(xp + r * width, width, bp + r * bytes);
+    });
+  }
+};
+
+class MaskedColumnOp : public OpKernel {
+ public:
+  explicit MaskedColumnOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("width", &width_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& bits = context->input(0);
+    const Tensor& column = context->input(1);
+    const int64 width = width_, bytes = MaskBytes(width_);
+    OP_REQUIRES(context, bits.dims() == 2 && bits.dim_size(1) == bytes,
+                ::tensorflow::errors::InvalidArgument("bits must be [rows, ", bytes,
+                                                      "] for width ", width, ", got shape ",
+                                                      bits.shape().DebugString()));
+    const int64 rows = bits.dim_size(0);
+    OP_REQUIRES(context, column.NumElements() == rows,
+                ::tensorflow::errors::InvalidArgument("column must have one value per row (",
+                                                      rows, "), got shape ",
+                                                      column.shape().DebugString()));
+    Tensor* out;
+    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({rows, width}), &out));
+    const uint8_t* bp = bits.flat<uint8_t>().data();
+    const float* cp = column.flat<float>().data();
+    float* op = out->flat<float>().data();
+    ForEachBlock(context, rows, width, [&](int64, int64 first, int64 end) {
+      std::vector<uint32_t> keep(width);
+      for (int64 r = first; r < end; ++r) {
+        ExpandMask(bp + r * bytes, width, keep.data());
+        uint32_t value;
+        std::memcpy(&value, cp + r, sizeof value);
+        uint32_t* row = reinterpret_cast<uint32_t*>(op + r * width);
+        for (int64 c = 0; c < width; ++c) row[c] = value & keep[c];
+      }
+    });
+  }
+
+ private:
+  int64 width_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("HvdtrackReluMask").Device(::tensorflow::DEVICE_CPU), ReluMaskOp);
+REGISTER_KERNEL_BUILDER(Name("HvdtrackMaskedColumn").Device(::tensorflow::DEVICE_CPU),
+                        MaskedColumnOp);
+
 }  // namespace hvdtrack

@@ -1,0 +1,95 @@
+"""The output head's backward pass from its input and the ReLU's bits (``hvdtrack.model.head``)
+gives TensorFlow's own gradients, with the kernel library and with TensorFlow ops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvdtrack.model import head as head_module
+from hvdtrack.model.head import lean_head, pack_bits, unpack_bits
+from hvdtrack.model.kernels import fused_kernels
+
+
+@pytest.fixture(params=["kernels", "ops"])
+def implementation(request, monkeypatch):
+    if request.param == "ops":
+        monkeypatch.setattr(head_module, "fused_kernels", lambda: None)
+    return request.param
+
+
+def test_bits_by_hand():
+    mask = tf.constant([[False, True, False, True, False, True, True, True, True]])
+    # columns 1, 3, 5, 6, 7 in the first byte (2 + 8 + 32 + 64 + 128), column 8 in the second
+    np.testing.assert_array_equal(pack_bits(mask).numpy(), [[234, 1]])
+    np.testing.assert_array_equal(unpack_bits(pack_bits(mask), 9).numpy(), mask.numpy())
+    x = tf.where(mask, 1.5, -0.5)
+    np.testing.assert_array_equal(fused_kernels().hvdtrack_relu_mask(x).numpy(), [[234, 1]])
+
+
+def test_the_kernels_pack_and_spread_the_bits_as_the_ops_do():
+    rng = np.random.default_rng(1)
+    x = tf.constant(rng.standard_normal((3000, 20)), tf.float32)
+    kernels = fused_kernels()
+    bits = kernels.hvdtrack_relu_mask(x)
+    np.testing.assert_array_equal(bits.numpy(), pack_bits(x > 0).numpy())
+    column = tf.constant(rng.standard_normal((3000, 1)), tf.float32)
+    np.testing.assert_array_equal(
+        kernels.hvdtrack_masked_column(bits, column, width=20).numpy(),
+        np.where(x.numpy() > 0, column.numpy(), 0),
+    )
+
+
+def _weights(rng, width_in=16, hidden=12):
+    return [
+        tf.constant(rng.standard_normal(shape) * 0.3, tf.float32)
+        for shape in ((width_in, hidden), (hidden,), (hidden, 1), (1,))
+    ]
+
+
+@pytest.mark.parametrize("wait", [False, True])
+def test_gradients_equal_tensorflows_own(implementation, wait):
+    rng = np.random.default_rng(2)
+    edges = tf.constant(rng.standard_normal((500, 16)), tf.float32)
+    weights = _weights(rng)
+    upstream = tf.constant(rng.standard_normal((500, 1)), tf.float32)
+    later = tf.constant(rng.standard_normal((500, 16)), tf.float32)  # a later step's use
+
+    def loss(head):
+        with tf.GradientTape() as tape:
+            tape.watch([edges, *weights])
+            passed, logits = head(edges, *weights)
+            total = tf.reduce_sum(logits * upstream) + tf.reduce_sum(passed * later)
+        return [logits, *tape.gradient(total, [edges, *weights])]
+
+    def tensorflows(edges, w1, b1, w2, b2):
+        return edges, tf.nn.relu(edges @ w1 + b1) @ w2 + b2
+
+    ours = loss(lambda *args: lean_head(*args, wait=wait))
+    theirs = loss(tensorflows)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_backward_pass_waits_for_the_later_steps_gradient():
+    # In a compiled function the head's products run only after the pass-through's gradient
+    # exists: that gradient's op is among the control inputs of the head's backward pass.
+    rng = np.random.default_rng(3)
+    edges = tf.constant(rng.standard_normal((50, 16)), tf.float32)
+    weights = _weights(rng)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            tape.watch(edges)
+            passed, logits = lean_head(edges, *weights, wait=True)
+            total = tf.reduce_sum(logits) + tf.reduce_sum(tf.identity(passed, name="later") ** 2)
+        return tape.gradient(total, edges)
+
+    graph = step.get_concrete_function().graph
+    waiting = [op for op in graph.get_operations() if op.control_inputs]
+    assert any(
+        any("later" in inp.name or "pow" in inp.name.lower() for inp in op.control_inputs)
+        for op in waiting
+    ), [(op.name, [i.name for i in op.control_inputs]) for op in waiting]
