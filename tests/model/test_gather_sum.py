@@ -171,3 +171,84 @@ def test_the_kernel_gives_the_same_bits_at_one_and_two_threads():
         for threads in (1, 2)
     ]  # fmt: skip
     assert digests[0] == digests[1]
+
+
+# ------------------------------------------------------------ the first layer kept sparse
+
+
+@pytest.mark.parametrize("rows, width", [(0, 16), (3, 9), (2500, 128), (3000, 37)])
+def test_the_sparse_form_gives_the_relu_output_back_bit_for_bit(kernels, rows, width):
+    # Blocks of 1,024 rows (a ragged last one), rows wider than 16 with a ragged tail, zeros,
+    # negative zeros, a NaN (not positive: comes back as 0, as the ReLU's gradient sees it)
+    # and a tiny value (TensorFlow treats subnormals as 0 on CPU: none here).
+    rng = np.random.default_rng(rows + width)
+    x = np.maximum(rng.standard_normal((rows, width)), 0).astype(np.float32)
+    if rows > 2:
+        x[1, :3] = [-0.0, np.nan, 1e-30]
+    bits, values, starts = kernels.hvdtrack_sparse_positive(tf.constant(x))
+    positive = x > 0
+    assert values.shape == (positive.sum(),)
+    np.testing.assert_array_equal(values.numpy(), x[positive])  # row order
+    blocks = -(-rows // 1024)
+    assert starts.numpy().tolist() == [int(positive[: b * 1024].sum()) for b in range(blocks + 1)]
+    back = kernels.hvdtrack_dense_positive(bits, values, starts, width=width).numpy()
+    np.testing.assert_array_equal(back, np.where(positive, x, 0))
+
+
+def test_sparse_values_that_do_not_match_their_bits_are_refused(kernels):
+    x = tf.constant([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]])
+    bits, values, starts = kernels.hvdtrack_sparse_positive(x)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="values must be"):
+        kernels.hvdtrack_dense_positive(bits, values[:2], starts, width=3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="block 0 of the bits has 3 set"):
+        kernels.hvdtrack_dense_positive(bits, values[:2], tf.constant([0, 2], tf.int64), width=3)
+
+
+def test_the_layer_with_its_input_kept_sparse_has_the_plain_gradients(kernels):
+    rng = np.random.default_rng(4)
+    a, b, r, s, receivers, senders = _random_case(rng, 3000, 400, 24)
+    w = tf.constant(rng.standard_normal((24, 8)).astype(np.float32))
+    bias = tf.constant(rng.standard_normal(8).astype(np.float32))
+    upstream = tf.constant(rng.standard_normal((3000, 8)).astype(np.float32))
+
+    def run(layer):
+        inputs = [a, b, r, s, w, bias]
+        with tf.GradientTape() as tape:
+            tape.watch(inputs)
+            out = layer(a, b, r, s, w, bias)
+            loss = tf.reduce_sum(out * upstream)
+        return [out, *tape.gradient(loss, inputs)]
+
+    def plain(a, b, r, s, w, bias):
+        return gather_sum((a, b), (r, s), receivers, senders, relu=True) @ w + bias
+
+    def sparse(a, b, r, s, w, bias):
+        return segments_module.gather_sum_linear((a, b), (r, s), receivers, senders, w, bias)
+
+    for ours, theirs in zip(run(sparse), run(plain)):
+        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-5)
+
+
+SPARSE_PROGRAM = """
+import hashlib
+import numpy as np, tensorflow as tf
+from hvdtrack.model.kernels import fused_kernels
+kernels = fused_kernels()
+x = np.maximum(np.random.default_rng(0).standard_normal((3000, 40)), 0).astype(np.float32)
+out = kernels.hvdtrack_sparse_positive(tf.constant(x))
+out = [*out, kernels.hvdtrack_dense_positive(*out, width=40)]
+print(hashlib.sha256(b"".join(t.numpy().tobytes() for t in out)).hexdigest())
+"""
+
+
+def test_the_sparse_form_is_the_same_with_and_without_avx512():
+    # Without AVX-512 (or with HVDTRACK_NO_AVX512) the kernels go element by element.
+    digests = set()
+    for extra in ({}, {"HVDTRACK_NO_AVX512": "1"}):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **extra)
+        result = subprocess.run(
+            [sys.executable, "-c", SPARSE_PROGRAM], capture_output=True, text=True,
+            check=True, env=env, timeout=HANG_S,
+        )  # fmt: skip
+        digests.add(result.stdout.split()[-1])
+    assert len(digests) == 1
