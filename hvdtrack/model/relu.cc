@@ -154,36 +154,35 @@ REGISTER_OP("HvdtrackDensePositive")
 namespace {
 
 // HVDTRACK_NO_AVX512 (set, any value) takes the element-by-element path (tests compare them).
-const bool kAvx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("popcnt") &&
-                     std::getenv("HVDTRACK_NO_AVX512") == nullptr;
+const bool kAvx512 = __builtin_cpu_supports("avx512f") && std::getenv("HVDTRACK_NO_AVX512") == nullptr;
 
-// Packs the positive elements of a row into out; returns how many. Stores 16 floats whole
-// while they end before limit (the next store overwrites what is past the packed ones), masked
-// after (a block's values end where the next block's begin, written by another thread).
-__attribute__((target("avx512f,popcnt"))) int64 PackRowAvx512(const float* row, int64 width,
-                                                        float* out, const float* limit) {
+// Packs the positive elements of a row into out; returns how many. Sets the row's mask bits.
+__attribute__((target("avx512f"))) int64 PackRowAvx512(const float* row, int64 width,
+                                                        uint8_t* bits, float* out) {
   const __m512 zero = _mm512_setzero_ps();
   int64 n = 0, c = 0;
   for (; c + 16 <= width; c += 16) {
     const __m512 v = _mm512_loadu_ps(row + c);
     const __mmask16 m = _mm512_cmp_ps_mask(v, zero, _CMP_GT_OQ);
     const int k = __builtin_popcount(m);
-    const __m512 packed = _mm512_maskz_compress_ps(m, v);
-    if (out + n + 16 <= limit) {
-      _mm512_storeu_ps(out + n, packed);
-    } else {
-      _mm512_mask_storeu_ps(out + n, static_cast<__mmask16>((1u << k) - 1), packed);
-    }
+    _mm512_mask_storeu_ps(out + n, static_cast<__mmask16>((1u << k) - 1),
+                          _mm512_maskz_compress_ps(m, v));
+    bits[c / 8] = static_cast<uint8_t>(m & 0xff);
+    bits[c / 8 + 1] = static_cast<uint8_t>(m >> 8);
     n += k;
   }
-  for (; c < width; ++c) {
-    if (row[c] > 0.f) out[n++] = row[c];
+  if (c < width) {
+    MaskRow(row + c, width - c, bits + c / 8);  // c is a multiple of 16: whole bytes
+    for (; c < width; ++c) {
+      if (row[c] > 0.f) out[n++] = row[c];
+    }
   }
   return n;
 }
 
-int64 PackRow(const float* row, int64 width, float* out, const float* limit) {
-  if (kAvx512) return PackRowAvx512(row, width, out, limit);
+int64 PackRow(const float* row, int64 width, uint8_t* bits, float* out) {
+  if (kAvx512) return PackRowAvx512(row, width, bits, out);
+  MaskRow(row, width, bits);
   int64 n = 0;
   for (int64 c = 0; c < width; ++c) {
     if (row[c] > 0.f) out[n++] = row[c];
@@ -191,18 +190,15 @@ int64 PackRow(const float* row, int64 width, float* out, const float* limit) {
   return n;
 }
 
-// Puts a row's packed values back; returns how many it read. Loads 16 floats whole while they
-// end before limit, masked after.
-__attribute__((target("avx512f,popcnt"))) int64 UnpackRowAvx512(const uint8_t* bits,
+// Puts a row's packed values back; returns how many it read.
+__attribute__((target("avx512f"))) int64 UnpackRowAvx512(const uint8_t* bits,
                                                           const float* in, int64 width,
-                                                          float* row, const float* limit) {
+                                                          float* row) {
   int64 n = 0, c = 0;
   for (; c + 16 <= width; c += 16) {
     const __mmask16 m = static_cast<__mmask16>(bits[c / 8] | bits[c / 8 + 1] << 8);
     const int k = __builtin_popcount(m);
-    const __m512 v = in + n + 16 <= limit
-                         ? _mm512_loadu_ps(in + n)
-                         : _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << k) - 1), in + n);
+    const __m512 v = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << k) - 1), in + n);
     _mm512_storeu_ps(row + c, _mm512_maskz_expand_ps(m, v));
     n += k;
   }
@@ -212,9 +208,8 @@ __attribute__((target("avx512f,popcnt"))) int64 UnpackRowAvx512(const uint8_t* b
   return n;
 }
 
-int64 UnpackRow(const uint8_t* bits, const float* in, int64 width, float* row,
-                const float* limit) {
-  if (kAvx512) return UnpackRowAvx512(bits, in, width, row, limit);
+int64 UnpackRow(const uint8_t* bits, const float* in, int64 width, float* row) {
+  if (kAvx512) return UnpackRowAvx512(bits, in, width, row);
   int64 n = 0;
   for (int64 c = 0; c < width; ++c) {
     row[c] = ((bits[c >> 3] >> (c & 7)) & 1) ? in[n++] : 0.f;
@@ -222,18 +217,9 @@ int64 UnpackRow(const uint8_t* bits, const float* in, int64 width, float* row,
   return n;
 }
 
-// Bits set in bytes of a mask: eight bytes at a time, SWAR (baseline x86-64 has no popcnt).
 int64 CountBits(const uint8_t* bits, int64 bytes) {
-  int64 n = 0, j = 0;
-  for (; j + 8 <= bytes; j += 8) {
-    uint64_t w;
-    std::memcpy(&w, bits + j, sizeof w);
-    w = w - ((w >> 1) & 0x5555555555555555ull);
-    w = (w & 0x3333333333333333ull) + ((w >> 2) & 0x3333333333333333ull);
-    w = (w + (w >> 4)) & 0x0f0f0f0f0f0f0f0full;
-    n += static_cast<int64>((w * 0x0101010101010101ull) >> 56);
-  }
-  for (; j < bytes; ++j) n += __builtin_popcount(bits[j]);
+  int64 n = 0;
+  for (int64 j = 0; j < bytes; ++j) n += __builtin_popcount(bits[j]);
   return n;
 }
 
@@ -267,9 +253,9 @@ class SparsePositiveOp : public OpKernel {
     OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({sp(blocks)}), &values));
     float* vp = values->flat<float>().data();
     ForEachBlock(context, rows, width, [&](int64 block, int64 first, int64 end) {
+      std::vector<uint8_t> scratch(bytes);  // the mask again; already written above
       float* out = vp + sp(block);
-      const float* limit = vp + sp(block + 1);
-      for (int64 r = first; r < end; ++r) out += PackRow(xp + r * width, width, out, limit);
+      for (int64 r = first; r < end; ++r) out += PackRow(xp + r * width, width, scratch.data(), out);
     });
   }
 };
@@ -316,12 +302,9 @@ class DensePositiveOp : public OpKernel {
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({rows, width}), &x));
     const float* vp = values.flat<float>().data();
     float* xp = x->flat<float>().data();
-    const float* limit = vp + sp(blocks);
     ForEachBlock(context, rows, width, [&](int64 block, int64 first, int64 end) {
       const float* in = vp + sp(block);
-      for (int64 r = first; r < end; ++r) {
-        in += UnpackRow(bp + r * bytes, in, width, xp + r * width, limit);
-      }
+      for (int64 r = first; r < end; ++r) in += UnpackRow(bp + r * bytes, in, width, xp + r * width);
     });
   }
 
