@@ -38,7 +38,6 @@ from graph_nets.graphs import GraphsTuple
 
 from hvdtrack.model.config import ModelConfig
 from hvdtrack.model.head import lean_head
-from hvdtrack.model.kernels import fused_kernels
 from hvdtrack.model.mlp import ACTIVATIONS, LinearStack, make_mlp
 from hvdtrack.model.norm import LayerNorm
 from hvdtrack.model.recompute import (
@@ -47,7 +46,7 @@ from hvdtrack.model.recompute import (
     recomputed_rows,
     recomputed_steps,
 )
-from hvdtrack.model.segments import gather_sum, gather_sum_linear, segment_sum
+from hvdtrack.model.segments import gather_sum, segment_sum
 
 # The sub-modules holding variables, in data-flow order; variable names start with these.
 MODULE_NAMES = ("node_encoder", "edge_encoder", "edge_update", "node_update", "edge_output")
@@ -391,30 +390,18 @@ class FactorizedEdgeUpdate(snt.Module):
         """New edge latents [rows, L_e] of any rows of the edges, from their latents, their
         ``edge_term``, ``node_terms`` (whole, [N, H] each) and the rows' endpoints."""
         terms = (edge_term, edges @ self._first_layer_blocks()["e"])
-        nodes = (receiver_terms, sender_terms)
-        layers = self._mlp.layers
-        if self._config.sparse_hidden and fused_kernels() and edges.dtype == tf.float32:
-            # The first two layers in one function keeping the first's output sparse.
-            w, b = layers[1].weights(tf.zeros([0, layers[0].output_size]))
-            return self._rest(gather_sum_linear(terms, nodes, receivers, senders, w, b), 1)
         # The gathers, the sum and a ReLU in one pass.
         relu = self._config.activation == "relu"
-        h = gather_sum(terms, nodes, receivers, senders, relu=relu)
-        h = h if relu else self._activation(h)
-        if len(layers) == 1:
-            return h if self._norm is None else self._norm(h)
-        return self._rest(layers[1](h), 1)
+        h = gather_sum(terms, (receiver_terms, sender_terms), receivers, senders, relu=relu)
+        return self._rest(h if relu else self._activation(h))
 
-    def _rest(self, z: tf.Tensor, index: int) -> tf.Tensor:
-        """The rest of the MLP from layer ``index``'s output ``z`` [rows, width] before its
-        activation; the last activation is the layer norm's with ``relu_in_norm``."""
-        last = len(self._mlp.layers) - 1
-        for i in range(index, last + 1):
-            if i > index:
-                z = self._mlp.layers[i](z)
-            if not (self._relu_in_norm and i == last):
-                z = self._activation(z)
-        return z if self._norm is None else self._norm(z)
+    def _rest(self, h: tf.Tensor) -> tf.Tensor:
+        """The layers after the first, on its activated output ``h`` [rows, H]."""
+        for i, layer in enumerate(self._mlp.layers[1:], start=2):
+            h = layer(h)
+            if not (self._relu_in_norm and i == len(self._mlp.layers)):
+                h = self._activation(h)
+        return h if self._norm is None else self._norm(h)
 
     def __call__(
         self, latent: GraphsTuple, encoded_terms: tuple[tf.Tensor, tf.Tensor, tf.Tensor]

@@ -65,13 +65,6 @@ class ModelConfig:
       offload: with ``recompute``, keep the step boundaries in host memory between the forward
         and the backward pass (a GPU's memory then holds one step); on a CPU host memory is
         where they are, and this changes nothing.
-      sparse_hidden: with ``factorized_edge_update`` and ``activation: relu``, keep the edge
-        update's first hidden layer (its ReLU output, [E, H] per step, the largest tensor the
-        plain step keeps) for the backward pass as its mask in bits and its positive values
-        (``segments.gather_sum_linear``): exact, the same gradients, and for a trained model's
-        two thirds of zeros about 40% of its bytes. Float32 on CPU with the kernel library (the
-        plain layer elsewhere). Costs a pass over the layer each way (docs/performance.md,
-        "The first hidden layer kept sparse").
       precision: compute dtype of the model: "float32", "bfloat16" (CPUs with AVX512-BF16 or
         AMX, and GPUs) or "float16" (GPUs; the trainer scales the loss). Variables, gradients,
         optimizer and the returned logits stay float32; layer norm statistics are float32.
@@ -97,7 +90,6 @@ class ModelConfig:
     boundary_every: int = 1
     keep_edge_term: bool = False
     offload: bool = False
-    sparse_hidden: bool = False
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
 
     def __post_init__(self) -> None:
@@ -147,7 +139,6 @@ class ModelConfig:
             "recompute",
             "keep_edge_term",
             "offload",
-            "sparse_hidden",
         ):
             check(isinstance(getattr(self, key), bool), key, "must be true or false")
         chunk = self.chunk_edges
@@ -171,18 +162,6 @@ class ModelConfig:
             self.recompute or not self.offload,
             "offload",
             "needs model.recompute=true (the step boundaries are what is offloaded)",
-        )
-        check(
-            not self.sparse_hidden
-            or (
-                self.factorized_edge_update
-                and self.activation == "relu"
-                and len(self.edge_update) >= 2
-                and self.precision == "float32"
-            ),
-            "sparse_hidden",
-            "needs model.factorized_edge_update=true, model.activation=relu, at least two "
-            "edge_update layers and model.precision=float32",
         )
         check(
             self.precision in PRECISIONS,

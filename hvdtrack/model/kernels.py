@@ -1,9 +1,8 @@
 """The model's C++ CPU kernel library: built, cached and loaded, with the switch to TensorFlow ops.
 
 One library holds the fused kernels (``SOURCES``): ``layer_norm.cc`` (``HvdtrackLayerNorm``,
-``HvdtrackLayerNormGrad``, used by ``norm.LayerNorm``), ``relu.cc`` (``HvdtrackReluMask``,
-``HvdtrackMaskedColumn``, used by ``head.lean_head``; ``HvdtrackSparsePositive``,
-``HvdtrackDensePositive``, used by ``segments.gather_sum_linear``), ``segment_sum.cc``
+``HvdtrackLayerNormGrad``, used by ``norm.LayerNorm``; ``HvdtrackReluMask``,
+``HvdtrackMaskedColumn``, used by ``head.lean_head``), ``segment_sum.cc``
 (``HvdtrackSegmentSum``, ``HvdtrackSegmentAdd``, used by ``segments.segment_sum`` and
 ``segment_add``) and ``gather_sum.cc`` (``HvdtrackGatherSum``, used by ``segments.gather_sum``). Each gives the same result at any
 number of intra-op threads. It is compiled on first use against the installed TensorFlow's
@@ -38,8 +37,7 @@ import tensorflow as tf
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(
-    Path(__file__).with_name(name)
-    for name in ("layer_norm.cc", "relu.cc", "segment_sum.cc", "gather_sum.cc")
+    Path(__file__).with_name(name) for name in ("layer_norm.cc", "segment_sum.cc", "gather_sum.cc")
 )
 HEADER = Path(__file__).with_name("kernels.h")  # what the sources share; part of the cache key
 BUILD_TIMEOUT_S = 300

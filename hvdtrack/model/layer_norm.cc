@@ -34,10 +34,17 @@
 //
 // Built with the other kernels into the one library by hvdtrack/model/kernels.py.
 
+#include <cstdint>
+#include <cstring>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 #include "kernels.h"
 
 namespace hvdtrack {
 
+constexpr int64 kBlockRows = 1024;
 constexpr float kMaxOffsetRatio = 16.0f;
 constexpr float kMinScale = 1e-20f;
 
@@ -87,6 +94,19 @@ REGISTER_OP("HvdtrackLayerNormGrad")
 
 namespace {
 
+// Runs fn(block, first_row, end_row) for every block of kBlockRows rows on the intra-op pool.
+template <typename Fn>
+void ForEachBlock(OpKernelContext* context, int64 rows, int64 width, const Fn& fn) {
+  const int64 blocks = (rows + kBlockRows - 1) / kBlockRows;
+  auto* workers = context->device()->tensorflow_cpu_worker_threads();
+  ::tensorflow::Shard(workers->num_threads, workers->workers, blocks, kBlockRows * width * 8,
+                      [&](int64 begin, int64 end) {
+                        for (int64 b = begin; b < end; ++b) {
+                          fn(b, b * kBlockRows, std::min(rows, (b + 1) * kBlockRows));
+                        }
+                      });
+}
+
 Status CheckInputs(const Tensor& x, const Tensor& scale) {
   if (x.dims() != 2) {
     return ::tensorflow::errors::InvalidArgument("x must be [rows, width], got shape ",
@@ -110,8 +130,37 @@ bool InvertibleFromOutput(const float* scale, const float* offset, int64 width) 
   return true;
 }
 
+// Bytes of a row's ReLU mask: one bit per column.
+inline int64 MaskBytes(int64 width) { return (width + 7) / 8; }
+
 // a = max(x, 0) (a NaN stays NaN, as TensorFlow's Relu keeps it).
 inline float Relu(float x) { return x < 0.f ? 0.f : x; }
+
+// Bit c of the row's mask set where row[c] > 0 (where the ReLU passes the gradient).
+inline void MaskRow(const float* row, int64 width, uint8_t* bits) {
+  const int64 whole = width / 8;
+#ifdef __SSE2__  // every x86-64 CPU: four compares and their sign bits at once
+  const __m128 zero = _mm_setzero_ps();
+  for (int64 j = 0; j < whole; ++j) {
+    const float* p = row + 8 * j;
+    const int low = _mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(p), zero));
+    const int high = _mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(p + 4), zero));
+    bits[j] = static_cast<uint8_t>(low | high << 4);
+  }
+#else
+  for (int64 j = 0; j < whole; ++j) {
+    const float* p = row + 8 * j;
+    bits[j] = static_cast<uint8_t>((p[0] > 0.f) | (p[1] > 0.f) << 1 | (p[2] > 0.f) << 2 |
+                                   (p[3] > 0.f) << 3 | (p[4] > 0.f) << 4 | (p[5] > 0.f) << 5 |
+                                   (p[6] > 0.f) << 6 | (p[7] > 0.f) << 7);
+  }
+#endif
+  if (whole < MaskBytes(width)) {
+    uint8_t b = 0;
+    for (int64 c = whole * 8; c < width; ++c) b |= static_cast<uint8_t>(row[c] > 0.f) << (c & 7);
+    bits[whole] = b;
+  }
+}
 
 // One row of the forward pass (see the top), on a = max(x, 0) with kRelu, else on x.
 template <bool kRelu>
@@ -131,6 +180,25 @@ inline void NormRow(const float* row, const float* sp, const float* op, int64 wi
   for (int64 c = 0; c < width; ++c) out[c] = ((kRelu ? Relu(row[c]) : row[c]) - m) * s * sp[c] + op[c];
   *mean = m;
   *rstd = s;
+}
+
+// For each byte of a mask, its eight bits as all-ones or zero words: a float ANDed with them
+// is itself or +0 (what ReluGrad gives where the input was not positive, NaN or not).
+struct BitWords {
+  uint32_t words[256][8];
+  BitWords() {
+    for (int b = 0; b < 256; ++b) {
+      for (int k = 0; k < 8; ++k) words[b][k] = ((b >> k) & 1) ? 0xffffffffu : 0u;
+    }
+  }
+};
+
+// keep[c] = all ones where bit c of the row's mask is set, else 0.
+inline void ExpandMask(const uint8_t* bits, int64 width, uint32_t* keep) {
+  static const BitWords table;
+  for (int64 j = 0; j * 8 < width; ++j) {
+    std::memcpy(keep + 8 * j, table.words[bits[j]], sizeof(uint32_t) * std::min<int64>(8, width - 8 * j));
+  }
 }
 
 // One row of the gradient (see the top). kFromX: n = (a - m) * s from the (activated) input
@@ -320,5 +388,101 @@ class LayerNormGradOp : public OpKernel {
 REGISTER_KERNEL_BUILDER(Name("HvdtrackLayerNorm").Device(::tensorflow::DEVICE_CPU), LayerNormOp);
 REGISTER_KERNEL_BUILDER(Name("HvdtrackLayerNormGrad").Device(::tensorflow::DEVICE_CPU),
                         LayerNormGradOp);
+
+// The ReLU masks of other layers, packed as the layer norm's (one bit per element):
+//   HvdtrackReluMask(x) -> bits uint8 [rows, ceil(width / 8)], bit c of a row set where x > 0
+//   HvdtrackMaskedColumn(bits, column; width) -> float [rows, width]: column[r] where bit c of
+//       row r is set, else 0 (the gradient through a ReLU of an upstream that is one number per
+//       row: the output head's, hvdtrack/model/head.py)
+REGISTER_OP("HvdtrackReluMask")
+    .Input("x: float")
+    .Output("bits: uint8")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle x;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &x));
+      DimensionHandle width = c->Dim(x, 1);
+      c->set_output(0, c->Matrix(c->Dim(x, 0), c->ValueKnown(width)
+                                                   ? c->MakeDim((c->Value(width) + 7) / 8)
+                                                   : c->UnknownDim()));
+      return Status();
+    });
+
+REGISTER_OP("HvdtrackMaskedColumn")
+    .Input("bits: uint8")
+    .Input("column: float")
+    .Output("out: float")
+    .Attr("width: int >= 0")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle bits;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &bits));
+      int64 width;
+      TF_RETURN_IF_ERROR(c->GetAttr("width", &width));
+      c->set_output(0, c->Matrix(c->Dim(bits, 0), width));
+      return Status();
+    });
+
+class ReluMaskOp : public OpKernel {
+ public:
+  explicit ReluMaskOp(OpKernelConstruction* context) : OpKernel(context) {}
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& x = context->input(0);
+    OP_REQUIRES(context, x.dims() == 2,
+                ::tensorflow::errors::InvalidArgument("x must be [rows, width], got shape ",
+                                                      x.shape().DebugString()));
+    const int64 rows = x.dim_size(0), width = x.dim_size(1), bytes = MaskBytes(width);
+    Tensor* bits;
+    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({rows, bytes}), &bits));
+    const float* xp = x.flat<float>().data();
+    uint8_t* bp = bits->flat<uint8_t>().data();
+    ForEachBlock(context, rows, width, [&](int64, int64 first, int64 end) {
+      for (int64 r = first; r < end; ++r) MaskRow(xp + r * width, width, bp + r * bytes);
+    });
+  }
+};
+
+class MaskedColumnOp : public OpKernel {
+ public:
+  explicit MaskedColumnOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("width", &width_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& bits = context->input(0);
+    const Tensor& column = context->input(1);
+    const int64 width = width_, bytes = MaskBytes(width_);
+    OP_REQUIRES(context, bits.dims() == 2 && bits.dim_size(1) == bytes,
+                ::tensorflow::errors::InvalidArgument("bits must be [rows, ", bytes,
+                                                      "] for width ", width, ", got shape ",
+                                                      bits.shape().DebugString()));
+    const int64 rows = bits.dim_size(0);
+    OP_REQUIRES(context, column.NumElements() == rows,
+                ::tensorflow::errors::InvalidArgument("column must have one value per row (",
+                                                      rows, "), got shape ",
+                                                      column.shape().DebugString()));
+    Tensor* out;
+    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({rows, width}), &out));
+    const uint8_t* bp = bits.flat<uint8_t>().data();
+    const float* cp = column.flat<float>().data();
+    float* op = out->flat<float>().data();
+    ForEachBlock(context, rows, width, [&](int64, int64 first, int64 end) {
+      std::vector<uint32_t> keep(width);
+      for (int64 r = first; r < end; ++r) {
+        ExpandMask(bp + r * bytes, width, keep.data());
+        uint32_t value;
+        std::memcpy(&value, cp + r, sizeof value);
+        uint32_t* row = reinterpret_cast<uint32_t*>(op + r * width);
+        for (int64 c = 0; c < width; ++c) row[c] = value & keep[c];
+      }
+    });
+  }
+
+ private:
+  int64 width_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("HvdtrackReluMask").Device(::tensorflow::DEVICE_CPU), ReluMaskOp);
+REGISTER_KERNEL_BUILDER(Name("HvdtrackMaskedColumn").Device(::tensorflow::DEVICE_CPU),
+                        MaskedColumnOp);
 
 }  // namespace hvdtrack

@@ -8,10 +8,7 @@ pass over the edges). On CPU both run on the kernel library (``segment_sum.cc``,
 ``segment_add`` adds a chunk of edges' sums into an existing [N, width] accumulator (in place
 on CPU), for the backward pass of ``model.recompute``.
 
-``gather_sum_linear`` is ``gather_sum`` with its ReLU then the next layer, keeping the ReLU's
-output in a sparse form for the backward pass (``model.sparse_hidden``).
-
-Public symbols: ``segment_sum``, ``segment_add``, ``gather_sum``, ``gather_sum_linear``.
+Public symbols: ``segment_sum``, ``segment_add``, ``gather_sum``.
 """
 
 from __future__ import annotations
@@ -130,72 +127,13 @@ def gather_sum(
 
         def grad(upstream):
             g = tf.raw_ops.ReluGrad(gradients=upstream, features=out) if relu else upstream
-            return _gather_sum_grad(g, r, s, receivers, senders)
-
-        return out, grad
-
-    return _sum(a, b, r, s)
-
-
-def _gather_sum_grad(g, r, s, receivers, senders) -> tuple:
-    """``gather_sum``'s gradients for (a, b, r, s) from its gradient g before the ReLU."""
-    return (
-        g,
-        g,
-        segment_sum(g, receivers, tf.shape(r)[0]),
-        segment_sum(g, senders, tf.shape(s)[0]),
-    )
-
-
-def gather_sum_linear(
-    edge_terms: tuple[tf.Tensor, tf.Tensor],
-    node_terms: tuple[tf.Tensor, tf.Tensor],
-    receivers: tf.Tensor,
-    senders: tf.Tensor,
-    w: tf.Tensor,
-    bias: tf.Tensor,
-) -> tf.Tensor:
-    """``gather_sum(..., relu=True) @ w + bias``, keeping the ReLU's output h for the backward
-    pass as its mask and its positive values (``HvdtrackSparsePositive``, ``relu.cc``) instead
-    of [E, width] floats, and making it again there (``HvdtrackDensePositive``): exact, and
-    with a trained model's two thirds of zeros it keeps about 40% of h's bytes.
-
-    Float32 with the kernel library only (``model.sparse_hidden``); the same maths as
-    ``gather_sum`` then a bias-added matmul, the same gradients.
-
-    Args:
-      edge_terms, node_terms, receivers, senders: as ``gather_sum``'s.
-      w: float32 [width, out], bias: float32 [out], read as tensors.
-
-    Returns:
-      float32 [E, out].
-    """
-    kernels = fused_kernels()
-    if kernels is None:
-        raise ValueError("gather_sum_linear needs the kernel library (model.sparse_hidden)")
-    (a, b), (r, s) = map(tf.convert_to_tensor, edge_terms), map(tf.convert_to_tensor, node_terms)
-    width = w.shape[0]
-
-    @tf.custom_gradient
-    def _layer(a, b, r, s, w, bias):
-        h = kernels.hvdtrack_gather_sum(a, b, r, s, receivers, senders, relu=True)
-        out = tf.nn.bias_add(h @ w, bias)
-        bits, values, starts = kernels.hvdtrack_sparse_positive(h)
-
-        def grad(upstream):
-            # Made when the gradient comes: it needs only the forward's tensors, and the
-            # executor would otherwise make every step's at the start of the backward pass.
-            with tf.control_dependencies([upstream]):
-                h = kernels.hvdtrack_dense_positive(bits, values, starts, width=width)
-            d_h = tf.matmul(upstream, w, transpose_b=True)
-            g = tf.raw_ops.ReluGrad(gradients=d_h, features=h)
-            d_w = tf.matmul(h, upstream, transpose_a=True)
             return (
-                *_gather_sum_grad(g, r, s, receivers, senders),
-                d_w,
-                tf.reduce_sum(upstream, axis=0),
+                g,
+                g,
+                segment_sum(g, receivers, tf.shape(r)[0]),
+                segment_sum(g, senders, tf.shape(s)[0]),
             )
 
         return out, grad
 
-    return _layer(a, b, r, s, w, bias)
+    return _sum(a, b, r, s)

@@ -67,25 +67,10 @@ def test_the_kept_edge_term_gives_the_plain_gradients(graphs, compiled, chunk, e
     assert_recompute_gives_the_plain_gradients(graphs, config, changes, compiled)
 
 
-@pytest.mark.parametrize("compiled, recomputed", [(False, False), (True, False), (True, True)])
-def test_the_first_hidden_layer_kept_sparse_gives_the_plain_gradients(graphs, compiled, recomputed):
-    # model.sparse_hidden: the edge update's first ReLU output kept as bits and positive values.
-    config = dataclasses.replace(
-        TINY, layer_norm=True, factorized_edge_update=True, edge_update=(5, 3),
-        recompute=recomputed,
-    )  # fmt: skip
-    changes = dict(sparse_hidden=True)
-    assert_recompute_gives_the_plain_gradients(graphs, config, changes, compiled, recompute=False)
-
-
-def assert_recompute_gives_the_plain_gradients(graphs, config, changes, compiled, recompute=True):
-    """The model of ``config`` and the one with ``changes`` (and ``model.recompute`` if
-    ``recompute``) give the same loss and gradients."""
+def assert_recompute_gives_the_plain_gradients(graphs, config, changes, compiled):
     labels = tf.constant([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
     plain = SegmentClassifier(config)
-    if recompute:
-        changes = dict(changes, recompute=True)
-    recomputed = SegmentClassifier(dataclasses.replace(config, **changes))
+    recomputed = SegmentClassifier(dataclasses.replace(config, recompute=True, **changes))
     plain(graphs), recomputed(graphs)
     copy_weights(plain, recomputed)
     loss_a, grads_a = loss_and_gradients(plain, graphs, labels, compiled)
@@ -138,20 +123,6 @@ def test_bfloat16_keeps_float32_variables_and_logits_close_to_float32(graphs):
         (
             dict(keep_edge_term=True, recompute=True),
             "'model.keep_edge_term' needs .* model.factorized_edge_update=true",
-        ),
-        (dict(sparse_hidden="on"), "'model.sparse_hidden' must be true or false"),
-        (dict(sparse_hidden=True), "'model.sparse_hidden' needs model.factorized_edge_update"),
-        (
-            dict(sparse_hidden=True, factorized_edge_update=True, edge_update=(64,)),
-            "'model.sparse_hidden' needs .* at least two edge_update layers",
-        ),
-        (
-            dict(sparse_hidden=True, factorized_edge_update=True, activation="tanh"),
-            "'model.sparse_hidden' needs .*model.activation=relu",
-        ),
-        (
-            dict(sparse_hidden=True, factorized_edge_update=True, precision="bfloat16"),
-            "'model.sparse_hidden' needs .*model.precision=float32",
         ),
     ],
 )
