@@ -177,7 +177,9 @@ inline void NormRow(const float* row, const float* sp, const float* op, int64 wi
     squares += d * d;
   }
   const float s = 1.0f / std::sqrt(squares * inv_width + eps);
-  for (int64 c = 0; c < width; ++c) out[c] = ((kRelu ? Relu(row[c]) : row[c]) - m) * s * sp[c] + op[c];
+  for (int64 c = 0; c < width; ++c) {
+    out[c] = ((kRelu ? Relu(row[c]) : row[c]) - m) * s * sp[c] + op[c];
+  }
   *mean = m;
   *rstd = s;
 }
@@ -197,7 +199,8 @@ struct BitWords {
 inline void ExpandMask(const uint8_t* bits, int64 width, uint32_t* keep) {
   static const BitWords table;
   for (int64 j = 0; j * 8 < width; ++j) {
-    std::memcpy(keep + 8 * j, table.words[bits[j]], sizeof(uint32_t) * std::min<int64>(8, width - 8 * j));
+    const int64 count = std::min<int64>(8, width - 8 * j);
+    std::memcpy(keep + 8 * j, table.words[bits[j]], sizeof(uint32_t) * count);
   }
 }
 
