@@ -70,8 +70,9 @@ class NodeBlock(blocks.NodeBlock):
     """``graph_nets.blocks.NodeBlock`` that can also run its node model on given sums."""
 
     def rows(self, *parts: tf.Tensor) -> tf.Tensor:
-        """The node model on the concatenation of ``parts`` (received sums, sent sums, nodes)."""
-        return self._node_model(tf.concat(parts, axis=-1))
+        """The node model on the concatenation of ``parts`` (received sums, sent sums, nodes),
+        handed over as parts (``mlp.FusedMLP`` keeps the parts, not their concatenation)."""
+        return self._node_model(parts)
 
 
 class SegmentClassifier(snt.Module):
@@ -206,27 +207,35 @@ class SegmentClassifier(snt.Module):
         Returns:
           The updated latents, and the step's edge logits [E] (None without ``output``).
         """
-        core_nodes = tf.concat([encoded.nodes, latent.nodes], axis=-1)
         if self._config.factorized_edge_update:
             edges = self._edge_update(latent, invariant)
         else:
+            core_nodes = tf.concat([encoded.nodes, latent.nodes], axis=-1)
             both = tf.concat([encoded.edges, latent.edges], axis=-1)
             edges = self._edge_update(latent.replace(nodes=core_nodes, edges=both)).edges
-        updated = self._node_update(latent.replace(nodes=core_nodes, edges=edges))
-        if not output:
-            return updated, None
-        config, head = self._config, self._edge_output.model
-        if (
-            config.activation == "relu"
-            and len(config.output_head) == 1
-            and edges.dtype == tf.float32
-        ):
+        # The node update reads blocks.NodeBlock's [received, sent, encoded nodes, nodes], as
+        # parts; with the lean head, the sums come from it (their gradients join its own).
+        count = tf.shape(latent.nodes)[0]
+        config, head, logits, sums = self._config, self._edge_output.model, None, None
+        lean = config.activation == "relu" and len(config.output_head) == 1
+        if output and lean and edges.dtype == tf.float32:
             hidden, out = head.layers
             w1, b1 = hidden.weights(edges)
             w2, b2 = out.weights(tf.zeros([0, w1.shape[-1]]))
-            edges, logits = lean_head(edges, w1, b1, w2, b2, wait=not last)
-            return updated.replace(edges=edges), tf.squeeze(logits, axis=-1)
-        return updated, tf.squeeze(self._edge_output(updated).edges, axis=-1)
+            if last:
+                passed, logits = lean_head(edges, w1, b1, w2, b2, wait=False)
+            else:
+                ids = (latent.receivers, latent.senders, count)
+                passed, logits, *sums = lean_head(edges, w1, b1, w2, b2, True, ids)
+        elif output:
+            passed, logits = edges, self._edge_output(latent.replace(edges=edges)).edges
+        else:
+            passed = edges
+        if sums is None:
+            sums = [segment_sum(edges, ids, count) for ids in (latent.receivers, latent.senders)]
+        nodes = self._node_update.rows(*sums, encoded.nodes, latent.nodes)
+        updated = latent.replace(nodes=nodes, edges=passed)
+        return updated, None if logits is None else tf.squeeze(logits, axis=-1)
 
     def _forward(self, graphs: GraphsTuple, recompute: bool) -> list[tf.Tensor]:
         if recompute:
@@ -291,7 +300,7 @@ class SegmentClassifier(snt.Module):
             return tf.squeeze(self._edge_output.rows(e), axis=-1)
 
         def node_rows(received, sent, x, xe):
-            return self._node_update.rows(received, sent, tf.concat([xe, x], axis=-1))
+            return self._node_update.rows(received, sent, xe, x)
 
         # The factorized update's edge term: computed per chunk from the encoded edges, or
         # (keep_edge_term) once, kept, and passed as the steps' shared edge input.

@@ -26,9 +26,12 @@ Public symbols: ``lean_head``, ``pack_bits``, ``unpack_bits``.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import tensorflow as tf
 
 from hvdtrack.model.kernels import fused_kernels
+from hvdtrack.model.segments import gather_sum, segment_sum
 
 # Not a tensor at import: that would start TensorFlow's runtime before the threads are set.
 _POWERS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -50,8 +53,9 @@ def unpack_bits(bits: tf.Tensor, width: int) -> tf.Tensor:
 
 
 def lean_head(
-    edges: tf.Tensor, w1: tf.Tensor, b1: tf.Tensor, w2: tf.Tensor, b2: tf.Tensor, wait: bool
-) -> tuple[tf.Tensor, tf.Tensor]:
+    edges: tf.Tensor, w1: tf.Tensor, b1: tf.Tensor, w2: tf.Tensor, b2: tf.Tensor, wait: bool,
+    sums: Optional[tuple[tf.Tensor, tf.Tensor, tf.Tensor]] = None,
+) -> tuple[tf.Tensor, ...]:  # fmt: skip
     """The head's logits float32 [E, 1] and the edges passed through (module docstring).
 
     Args:
@@ -59,23 +63,53 @@ def lean_head(
       w1, b1, w2, b2: the head's weights [L, H], [H], [H, 1], [1], read as tensors.
       wait: a later step reads the latents passed through: the backward pass waits for their
         gradient (else the latents returned are ``edges`` itself, and nothing waits).
+      sums: (receivers, senders, N), with ``wait``: also return the node update's sums of the
+        latents per receiver and per sender ([N, L] each, ``segments.segment_sum``). The
+        latents' gradient is then the later steps', the head's and the sums' (two gathers)
+        added in one pass (``segments.gather_sum``) instead of two gathers and two additions,
+        each writing an [E, L] tensor.
 
     Returns:
-      (edges, logits): the latents to hand to the later steps, and the logits.
+      (edges, logits), or with ``sums`` (edges, logits, received, sent): the latents to hand
+      to the later steps, the logits, and the sums.
     """
 
     if not wait:
+        if sums is not None:
+            raise ValueError("lean_head: sums need wait=True (a later step reads the latents)")
         return edges, _head_only(edges, w1, b1, w2, b2)
-    return _head_passing_edges(edges, w1, b1, w2, b2)
+    if sums is None:
+        return _head_passing_edges(edges, w1, b1, w2, b2)
+    receivers, senders, count = sums
+
+    @tf.custom_gradient
+    def head_and_sums(edges, w1, b1, w2, b2):
+        logits, backward = _forward(edges, w1, b1, w2, b2)
+        received = segment_sum(edges, receivers, count)
+        sent = segment_sum(edges, senders, count)
+
+        def grad(d_later, d_logits, d_received, d_sent):
+            with tf.control_dependencies([d_later]):  # the wait (as _head_passing_edges)
+                d_logits = tf.identity(d_logits)
+            d_edges, *weights = backward(d_logits)
+            terms = (d_edges, d_later), (d_received, d_sent)
+            return (gather_sum(*terms, receivers, senders, relu=False), *weights)
+
+        return (tf.identity(edges), logits, received, sent), grad
+
+    return head_and_sums(edges, w1, b1, w2, b2)
 
 
 def _forward(edges, w1, b1, w2, b2):
     """The logits [E, 1], and the backward pass from dlogit: (de, dw1, db1, dw2, db2)."""
     hidden = tf.nn.relu(tf.nn.bias_add(edges @ w1, b1))  # one _FusedMatMul
-    logits = tf.nn.bias_add(hidden @ w2, b2)
     width = w1.shape[-1]
     kernels = fused_kernels()
     bits = kernels.hvdtrack_relu_mask(hidden) if kernels else pack_bits(hidden > 0)
+    # The bits before the logits: else one inter-op thread may leave the mask for later and
+    # hold hidden [E, H] until then (a whole step's worth at 640k edges).
+    with tf.control_dependencies([bits]):
+        logits = tf.nn.bias_add(hidden @ w2, b2)
 
     def backward(d_logits):
         if kernels:

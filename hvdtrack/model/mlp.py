@@ -85,6 +85,99 @@ class FusedMLP(snt.nets.MLP):
     def layers(self) -> list[FusedLinear]:
         return self._layers
 
+    def __call__(self, inputs, is_training=None) -> tf.Tensor:
+        """The MLP on ``inputs``: one tensor [rows, width], or a tuple of parts [rows, width_i]
+        that the first layer reads as their concatenation (in that order).
+
+        With ReLU, two first layers keep less for the backward pass (same values, same
+        gradients; tests/model/test_mlp.py):
+        - parts are kept, not their concatenation: the backward pass works part by part
+          (``_concat_layer``: the node update's [N, 256] input is held as its parts, of which
+          the step keeps the latents anyway);
+        - an input of at most ``NARROW_INPUT`` columns (the encoders' features) keeps only
+          that input: the backward pass computes the first layer's output again from it, a
+          product of ``NARROW_INPUT`` or fewer terms per element, instead of holding it
+          ([E, 128] for the edge encoder) (``_narrow_layers``).
+        """
+        if is_training is not None:
+            raise ValueError("FusedMLP has no dropout: is_training must be None")
+        parts = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        relu = self._activation is tf.nn.relu
+        count = len(self._layers)
+        first, start = self._layers[0], 1
+        x = parts[0] if len(parts) == 1 else None
+        width = None if x is None else x.shape[-1]
+        if relu and count > 1 and width is not None and width <= NARROW_INPUT:
+            second = self._layers[1].weights(tf.zeros([0, first.output_size], x.dtype))
+            x = _narrow_layers(x, *first.weights(x), *second)
+            if count > 2 or self._activate_final:
+                x = self._activation(x)
+            start = 2
+        elif relu and x is None and (count > 1 or self._activate_final):
+            x = _concat_layer(parts, *first.weights(tf.concat([p[:0] for p in parts], -1)))
+        else:
+            x = first(x if x is not None else tf.concat(parts, axis=-1))
+            if count > 1 or self._activate_final:
+                x = self._activation(x)
+        for i in range(start, count):
+            x = self._layers[i](x)
+            if i < count - 1 or self._activate_final:
+                x = self._activation(x)
+        return x
+
+
+# An MLP input this narrow keeps only itself for the backward pass (FusedMLP.__call__).
+NARROW_INPUT = 16
+
+
+def _concat_layer(parts, w, b):
+    """relu(concat(parts) @ w + b), whose backward pass reads the parts instead of keeping
+    their concatenation (it keeps the parts and the output)."""
+
+    @tf.custom_gradient
+    def layer(*args):
+        *parts, w, b = args
+        out = tf.nn.relu(tf.nn.bias_add(tf.concat(parts, axis=-1) @ w, b))
+
+        def grad(d_out):
+            g = tf.raw_ops.ReluGrad(gradients=d_out, features=out)
+            # part by part, with the part's rows of w: nothing [rows, sum of widths]
+            w_parts = tf.split(w, [p.shape[-1] for p in parts], axis=0)
+            d_x = [tf.matmul(g, w_part, transpose_b=True) for w_part in w_parts]
+            d_w = tf.concat([tf.matmul(p, g, transpose_a=True) for p in parts], axis=0)
+            return (*d_x, d_w, tf.raw_ops.BiasAddGrad(out_backprop=g))
+
+        return out, grad
+
+    return layer(*parts, w, b)
+
+
+@tf.custom_gradient
+def _narrow_layers(x, w0, b0, w1, b1):
+    """relu(x @ w0 + b0) @ w1 + b1, whose backward pass computes relu(x @ w0 + b0) again from
+    x instead of keeping it."""
+
+    def hidden():
+        return tf.nn.relu(tf.nn.bias_add(x @ w0, b0))
+
+    out = tf.nn.bias_add(hidden() @ w1, b1)
+
+    def grad(d_out):
+        with tf.control_dependencies([d_out]):  # when the gradient comes, not as soon as x is
+            h = hidden()
+        d_w1 = tf.matmul(h, d_out, transpose_a=True)
+        g = tf.raw_ops.ReluGrad(gradients=tf.matmul(d_out, w1, transpose_b=True), features=h)
+        d_w0 = tf.matmul(x, g, transpose_a=True)
+        return (
+            tf.matmul(g, w0, transpose_b=True),
+            d_w0,
+            tf.raw_ops.BiasAddGrad(out_backprop=g),
+            d_w1,
+            tf.raw_ops.BiasAddGrad(out_backprop=d_out),
+        )
+
+    return out, grad
+
 
 class LinearStack(snt.Module):
     """The Linear layers of an MLP, named like ``snt.nets.MLP``'s (``mlp/linear_<i>``)."""
