@@ -93,3 +93,39 @@ def test_the_backward_pass_waits_for_the_later_steps_gradient():
         any("later" in inp.name or "pow" in inp.name.lower() for inp in op.control_inputs)
         for op in waiting
     ), [(op.name, [i.name for i in op.control_inputs]) for op in waiting]
+
+
+def test_the_node_sums_join_the_heads_gradient(implementation, monkeypatch):
+    if implementation == "ops":
+        from hvdtrack.model import segments
+
+        monkeypatch.setattr(segments, "fused_kernels", lambda: None)
+    rng = np.random.default_rng(4)
+    edges = tf.constant(rng.standard_normal((400, 16)), tf.float32)
+    weights = _weights(rng)
+    receivers = tf.constant(rng.integers(0, 60, 400), tf.int32)
+    senders = tf.constant(rng.integers(0, 60, 400), tf.int32)
+    upstream = [
+        tf.constant(rng.standard_normal(shape), tf.float32)
+        for shape in ((400, 16), (400, 1), (60, 16), (60, 16))
+    ]
+
+    def loss(head):
+        with tf.GradientTape() as tape:
+            tape.watch([edges, *weights])
+            outputs = head(edges, *weights)
+            total = sum(tf.reduce_sum(x * u) for x, u in zip(outputs, upstream))
+        return [*outputs, *tape.gradient(total, [edges, *weights])]
+
+    def tensorflows(edges, w1, b1, w2, b2):
+        logits = tf.nn.relu(edges @ w1 + b1) @ w2 + b2
+        sums = [tf.math.unsorted_segment_sum(edges, ids, 60) for ids in (receivers, senders)]
+        return edges, logits, *sums
+
+    ours = loss(lambda *args: lean_head(*args, wait=True, sums=(receivers, senders, 60)))
+    theirs = loss(tensorflows)
+    assert len(ours) == len(theirs) == 9
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="sums need wait=True"):
+        lean_head(edges, *weights, wait=False, sums=(receivers, senders, 60))

@@ -1,0 +1,96 @@
+"""The MLPs' lean first layers (``hvdtrack.model.mlp.FusedMLP``): parts kept instead of their
+concatenation, a narrow input's first layer computed again instead of kept. The values and
+gradients are TensorFlow's own, and the compiled backward pass holds neither the
+concatenation nor the narrow layer's output."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvdtrack.model.mlp import NARROW_INPUT, FusedMLP
+
+
+def _reference(mlp: FusedMLP, x: tf.Tensor) -> tf.Tensor:
+    """The same MLP in plain TensorFlow ops on the concatenated input."""
+    count = len(mlp.layers)
+    for i, layer in enumerate(mlp.layers):
+        x = x @ layer.w + layer.b
+        if i < count - 1 or mlp._activate_final:
+            x = tf.nn.relu(x)
+    return x
+
+
+def _values_and_gradients(fn, inputs, variables, upstream):
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        out = fn(inputs)
+        total = tf.reduce_sum(out * upstream)
+    return [out, *tape.gradient(total, [*inputs, *variables])]
+
+
+@pytest.mark.parametrize("sizes", [(8, 5), (8, 6, 5), (8,)])
+@pytest.mark.parametrize("activate_final", [True, False])
+@pytest.mark.parametrize("widths", [(3,), (3, 2, 4), (NARROW_INPUT + 1,), (NARROW_INPUT,)])
+def test_values_and_gradients_are_tensorflows_own(sizes, activate_final, widths):
+    rng = np.random.default_rng(4)
+    parts = [tf.constant(rng.standard_normal((30, w)), tf.float32) for w in widths]
+    mlp = FusedMLP(list(sizes), activation=tf.nn.relu, activate_final=activate_final)
+    mlp(tuple(parts) if len(parts) > 1 else parts[0])  # variables created
+    upstream = tf.constant(rng.standard_normal((30, sizes[-1])), tf.float32)
+    ours = _values_and_gradients(
+        lambda p: mlp(tuple(p) if len(p) > 1 else p[0]), parts, mlp.trainable_variables, upstream
+    )
+    theirs = _values_and_gradients(
+        lambda p: _reference(mlp, tf.concat(p, axis=-1)), parts, mlp.trainable_variables, upstream
+    )
+    assert len(ours) == len(theirs) == 1 + len(parts) + 2 * len(sizes)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def _compiled_backward(mlp: FusedMLP, parts: list[tf.Tensor]) -> tf.Graph:
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            tape.watch(parts)
+            out = mlp(tuple(parts) if len(parts) > 1 else parts[0])
+            total = tf.reduce_sum(out**2)
+        return tape.gradient(total, [*parts, *mlp.trainable_variables])
+
+    return step.get_concrete_function().graph
+
+
+def _forward_op(graph: tf.Graph, op_type: str) -> tf.Operation:
+    """The first op of that type in the MLP over the 20 rows."""
+    ops = [
+        op
+        for op in graph.get_operations()
+        if op.type == op_type and "mlp" in op.name and op.outputs[0].shape[0] == 20
+    ]
+    assert ops, [op.type for op in graph.get_operations()]
+    return ops[0]
+
+
+def test_the_backward_pass_does_not_hold_the_concatenation():
+    rng = np.random.default_rng(5)
+    parts = [tf.constant(rng.standard_normal((20, w)), tf.float32) for w in (3, 2, 4)]
+    mlp = FusedMLP([8, 5], activation=tf.nn.relu, activate_final=True)
+    graph = _compiled_backward(mlp, parts)
+    concat = _forward_op(graph, "ConcatV2")
+    # read by the forward product only (grappler may fuse its bias and ReLU in later)
+    assert [op.type for op in concat.outputs[0].consumers()] == ["MatMul"]
+
+
+def test_the_narrow_first_layer_is_computed_again_when_the_gradient_comes():
+    rng = np.random.default_rng(6)
+    x = tf.constant(rng.standard_normal((20, 4)), tf.float32)
+    mlp = FusedMLP([8, 5], activation=tf.nn.relu, activate_final=True)
+    graph = _compiled_backward(mlp, [x])
+    hidden = _forward_op(graph, "Relu")
+    # the forward hidden layer feeds the forward second product only: not the backward pass
+    assert [op.type for op in hidden.outputs[0].consumers()] == ["MatMul"]
+    # the backward pass's own first layer waits for the upstream gradient
+    again = [op for op in graph.get_operations() if op.type == "MatMul" and op.control_inputs]
+    assert again, "the recomputed first layer has no control input: it would run at once"
