@@ -3,8 +3,9 @@
 One library holds the fused kernels (``SOURCES``): ``layer_norm.cc`` (``HvdtrackLayerNorm``,
 ``HvdtrackLayerNormGrad``, used by ``norm.LayerNorm``; ``HvdtrackReluMask``,
 ``HvdtrackMaskedColumn``, used by ``head.lean_head``), ``segment_sum.cc``
-(``HvdtrackSegmentSum``, ``HvdtrackSegmentAdd``, used by ``segments.segment_sum`` and
-``segment_add``) and ``gather_sum.cc`` (``HvdtrackGatherSum``, used by ``segments.gather_sum``). Each gives the same result at any
+(``HvdtrackSegmentSum``, ``HvdtrackSegmentAdd``, ``HvdtrackGatherSumGrad``, used by
+``segments.segment_sum``, ``segment_add`` and ``gather_sum``'s gradient) and ``gather_sum.cc``
+(``HvdtrackGatherSum``, used by ``segments.gather_sum``). Each gives the same result at any
 number of intra-op threads. It is compiled on first use against the installed TensorFlow's
 headers and cached (``run_scripts/install.sh`` builds it ahead with ``build_kernel()``).
 ``fused_kernels()`` is None, and its users run the same maths in TensorFlow ops, on GPUs (the

@@ -157,14 +157,16 @@ def _narrow_layers(x, w0, b0, w1, b1):
     """relu(x @ w0 + b0) @ w1 + b1, whose backward pass computes relu(x @ w0 + b0) again from
     x instead of keeping it."""
 
-    def hidden():
-        return tf.nn.relu(tf.nn.bias_add(x @ w0, b0))
+    def hidden(x):
+        return tf.nn.relu(tf.nn.bias_add(x @ w0, b0))  # one _FusedMatMul
 
-    out = tf.nn.bias_add(hidden() @ w1, b1)
+    out = tf.nn.bias_add(hidden(x) @ w1, b1)
 
     def grad(d_out):
-        with tf.control_dependencies([d_out]):  # when the gradient comes, not as soon as x is
-            h = hidden()
+        # When the gradient comes, not as soon as x exists; the wait on an identity of x, so
+        # that grappler still fuses the product, its bias and ReLU.
+        with tf.control_dependencies([d_out]):
+            h = hidden(tf.identity(x))
         d_w1 = tf.matmul(h, d_out, transpose_a=True)
         g = tf.raw_ops.ReluGrad(gradients=tf.matmul(d_out, w1, transpose_b=True), features=h)
         d_w0 = tf.matmul(x, g, transpose_a=True)

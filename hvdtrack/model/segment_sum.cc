@@ -21,6 +21,16 @@
 //       the chunk's sums and a third for their addition. Each row gets its edges added in
 //       ascending edge order onto its old value, at any thread count, as above.
 //
+//   HvdtrackGatherSumGrad(upstream [E, W], out [E, W], receivers int32 [E], senders int32 [E],
+//                         num_nodes int32 N; relu: bool) -> (edges [E, W], receiver_sums [N, W],
+//                                                            sender_sums [N, W])
+//       HvdtrackGatherSum's gradient: edges = upstream where out > 0 (with relu; else upstream,
+//       as TensorFlow's ReluGrad), in upstream's buffer when TensorFlow can hand it over, and
+//       its HvdtrackSegmentSum per receiver and per sender. With one thread it is one pass over
+//       the edges (ReluGrad and the two sums were three, each reading [E, W] again); with more,
+//       the mask runs in blocks of edges on the threads and then the sums as above. The sums
+//       are those of HvdtrackSegmentSum bit for bit.
+//
 // Built with the other kernels into the one library by hvdtrack/model/kernels.py.
 
 #include "kernels.h"
@@ -73,7 +83,38 @@ REGISTER_OP("HvdtrackSegmentAdd")
       return Status();
     });
 
+REGISTER_OP("HvdtrackGatherSumGrad")
+    .Input("upstream: float")
+    .Input("out: float")
+    .Input("receivers: int32")
+    .Input("senders: int32")
+    .Input("num_nodes: int32")
+    .Attr("relu: bool")
+    .Output("edges: float")
+    .Output("receiver_sums: float")
+    .Output("sender_sums: float")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle upstream, out, recv, send, scalar;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &upstream));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &out));
+      TF_RETURN_IF_ERROR(c->Merge(upstream, out, &upstream));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &recv));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &send));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 0, &scalar));
+      DimensionHandle edges, nodes;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(upstream, 0), c->Dim(recv, 0), &edges));
+      TF_RETURN_IF_ERROR(c->Merge(edges, c->Dim(send, 0), &edges));
+      TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(4, &nodes));
+      c->set_output(0, upstream);
+      c->set_output(1, c->Matrix(nodes, c->Dim(upstream, 1)));
+      c->set_output(2, c->Matrix(nodes, c->Dim(upstream, 1)));
+      return Status();
+    });
+
 namespace {
+
+// Edges per unit of work for the ReLU mask on many threads (only the split depends on it).
+constexpr int64 kBlockEdges = 1024;
 
 inline void AddRow(const float* row, float* out, int64 width) {
 #pragma omp simd
@@ -206,7 +247,93 @@ class SegmentAddOp : public OpKernel {
   }
 };
 
+class GatherSumGradOp : public OpKernel {
+ public:
+  explicit GatherSumGradOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("relu", &relu_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& upstream = context->input(0);
+    const Tensor& out = context->input(1);
+    const Tensor& receivers = context->input(2);
+    const Tensor& senders = context->input(3);
+    const Tensor& num_nodes = context->input(4);
+    OP_REQUIRES(context, upstream.dims() == 2 && upstream.shape() == out.shape(),
+                ::tensorflow::errors::InvalidArgument(
+                    "HvdtrackGatherSumGrad: upstream and out must be one [edges, width] shape, "
+                    "got ",
+                    upstream.shape().DebugString(), " and ", out.shape().DebugString()));
+    OP_REQUIRES(context, num_nodes.dims() == 0,
+                ::tensorflow::errors::InvalidArgument(
+                    "HvdtrackGatherSumGrad: num_nodes must be a scalar, got shape ",
+                    num_nodes.shape().DebugString()));
+    const int64 nodes = num_nodes.scalar<int32_t>()();
+    OP_REQUIRES(context, nodes >= 0,
+                ::tensorflow::errors::InvalidArgument(
+                    "HvdtrackGatherSumGrad: num_nodes must be >= 0, got ", nodes));
+    OP_REQUIRES_OK(context,
+                   CheckEdges("HvdtrackGatherSumGrad: receivers", upstream, receivers, nodes));
+    OP_REQUIRES_OK(context,
+                   CheckEdges("HvdtrackGatherSumGrad: senders", upstream, senders, nodes));
+    const int64 edges = upstream.dim_size(0), width = upstream.dim_size(1);
+    Tensor *grad, *receiver_sums, *sender_sums;
+    OP_REQUIRES_OK(context,
+                   context->forward_input_or_allocate_output({0}, 0, upstream.shape(), &grad));
+    const TensorShape sums_shape({nodes, width});
+    OP_REQUIRES_OK(context, context->allocate_output(1, sums_shape, &receiver_sums));
+    OP_REQUIRES_OK(context, context->allocate_output(2, sums_shape, &sender_sums));
+    const float* up = upstream.flat<float>().data();
+    const float* op = out.flat<float>().data();
+    float* gp = grad->flat<float>().data();
+    const bool relu = relu_;
+    auto mask = [&](int64 begin, int64 end) {  // rows [begin, end) of grad
+      for (int64 e = begin; e < end; ++e) {
+        const float* u = up + e * width;
+        const float* o = op + e * width;
+        float* g = gp + e * width;
+        if (relu) {
+          // TensorFlow's ReluGrad multiplies (a NaN upstream stays NaN, -x * 0 is -0.0)
+#pragma omp simd
+          for (int64 c = 0; c < width; ++c) g[c] = u[c] * static_cast<float>(o[c] > 0.f);
+        } else if (g != u) {
+          std::copy_n(u, width, g);
+        }
+      }
+    };
+    auto* workers = context->device()->tensorflow_cpu_worker_threads();
+    if (workers->num_threads == 1 || nodes <= kBlockSegments) {
+      // One pass: each edge's row masked, then added into its receiver's and sender's rows,
+      // in ascending edge order (HvdtrackSegmentSum's order).
+      float* rp = receiver_sums->flat<float>().data();
+      float* sp = sender_sums->flat<float>().data();
+      std::fill(rp, rp + nodes * width, 0.f);
+      std::fill(sp, sp + nodes * width, 0.f);
+      const int32_t* recv = receivers.flat<int32_t>().data();
+      const int32_t* send = senders.flat<int32_t>().data();
+      for (int64 e = 0; e < edges; ++e) {
+        mask(e, e + 1);
+        AddRow(gp + e * width, rp + recv[e] * width, width);
+        AddRow(gp + e * width, sp + send[e] * width, width);
+      }
+      return;
+    }
+    const int64 blocks = (edges + kBlockEdges - 1) / kBlockEdges;
+    ::tensorflow::Shard(workers->num_threads, workers->workers, blocks,
+                        kBlockEdges * width * 3, [&](int64 begin, int64 end) {
+                          mask(begin * kBlockEdges, std::min(edges, end * kBlockEdges));
+                        });
+    AddSegments(context, *grad, receivers, /*zero_first=*/true, receiver_sums);
+    AddSegments(context, *grad, senders, /*zero_first=*/true, sender_sums);
+  }
+
+ private:
+  bool relu_;
+};
+
 REGISTER_KERNEL_BUILDER(Name("HvdtrackSegmentSum").Device(::tensorflow::DEVICE_CPU), SegmentSumOp);
+REGISTER_KERNEL_BUILDER(Name("HvdtrackGatherSumGrad").Device(::tensorflow::DEVICE_CPU),
+                        GatherSumGradOp);
 REGISTER_KERNEL_BUILDER(Name("HvdtrackSegmentAdd").Device(::tensorflow::DEVICE_CPU), SegmentAddOp);
 
 }  // namespace hvdtrack

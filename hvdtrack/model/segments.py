@@ -94,7 +94,8 @@ def gather_sum(
 ) -> tf.Tensor:
     """``relu((a + b) + r[receivers] + s[senders])`` (without ``relu``: the sum), whose
     gradients are the upstream (through the ReLU) for a and b and its ``segment_sum`` per
-    receiver and per sender for r and s.
+    receiver and per sender for r and s (on CPU one kernel, ``HvdtrackGatherSumGrad``, makes
+    all three; with one thread in one pass over the edges).
 
     On CPU, for float32, the kernel library's ``HvdtrackGatherSum`` (``gather_sum.cc``): one
     pass over the edges instead of two gathers, an ``AddN`` and a ``Relu`` (eleven passes over
@@ -102,7 +103,7 @@ def gather_sum(
 
     Args:
       edge_terms: (a, b), float [E, width] each.
-      node_terms: (r, s), float [N, width] each.
+      node_terms: (r, s), float [N, width] each (one N: the same nodes' terms).
       receivers, senders: int32 [E], each in [0, N).
       relu: apply the ReLU.
 
@@ -126,6 +127,12 @@ def gather_sum(
             out = tf.nn.relu(out) if relu else out
 
         def grad(upstream):
+            if kernels:  # the ReLU's gradient and both sums in one kernel
+                count = tf.shape(r)[0]
+                g, d_r, d_s = kernels.hvdtrack_gather_sum_grad(
+                    upstream, out, receivers, senders, count, relu=relu
+                )
+                return g, g, d_r, d_s
             g = tf.raw_ops.ReluGrad(gradients=upstream, features=out) if relu else upstream
             return (
                 g,

@@ -171,3 +171,53 @@ def test_the_kernel_gives_the_same_bits_at_one_and_two_threads():
         for threads in (1, 2)
     ]  # fmt: skip
     assert digests[0] == digests[1]
+
+
+GRAD_PROGRAM = """
+import hashlib, sys
+import numpy as np, tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+from hvdtrack.model.kernels import fused_kernels
+rng = np.random.default_rng(0)
+scale = np.exp(rng.uniform(-7, 7, (100000, 1)))
+upstream = tf.constant(rng.standard_normal((100000, 64)) * scale, tf.float32)
+out = tf.constant(np.maximum(rng.standard_normal((100000, 64)), 0), tf.float32)
+recv, send = (tf.constant(rng.integers(0, 12000, 100000), tf.int32) for _ in range(2))
+for relu in (True, False):
+    grads = fused_kernels().hvdtrack_gather_sum_grad(upstream, out, recv, send, 12000, relu=relu)
+    theirs = [tf.raw_ops.ReluGrad(gradients=upstream, features=out) if relu else upstream]
+    theirs += [tf.math.unsorted_segment_sum(theirs[0], ids, 12000) for ids in (recv, send)]
+    for ours, want in zip(grads, theirs):
+        np.testing.assert_array_equal(ours.numpy(), want.numpy())
+    print(hashlib.sha256(b"".join(g.numpy().tobytes() for g in grads)).hexdigest())
+"""
+
+
+def test_the_gradient_kernel_is_relugrad_and_two_segment_sums_bit_for_bit_at_1_and_2_threads():
+    # TensorFlow's one-thread sums are the reference (its own kernel's order of addition): run
+    # each thread count in a fresh process, each compared with the ops, and with each other.
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    digests = [
+        subprocess.run(
+            [sys.executable, "-c", GRAD_PROGRAM, str(threads)],
+            capture_output=True, text=True, check=True, env=env, timeout=HANG_S,
+        ).stdout.split()[-2:]
+        for threads in (1, 2)
+    ]  # fmt: skip
+    assert digests[0] == digests[1]
+
+
+def test_the_gradient_kernel_by_hand_and_its_errors(kernels):
+    upstream = tf.constant([[1.0, -2.0], [3.0, float("nan")], [-5.0, 6.0]])
+    out = tf.constant([[0.5, 0.0], [1.0, 2.0], [0.0, 0.0]])
+    recv, send = tf.constant([1, 0, 1]), tf.constant([0, 0, 2])
+    grad, d_r, d_s = kernels.hvdtrack_gather_sum_grad(upstream, out, recv, send, 3, relu=True)
+    expected = np.array([[1.0, -0.0], [3.0, np.nan], [-0.0, 0.0]], np.float32)
+    np.testing.assert_array_equal(grad.numpy(), expected)
+    assert np.signbit(grad.numpy()[0, 1]) and np.signbit(grad.numpy()[2, 0])  # -2 * 0, -5 * 0
+    np.testing.assert_array_equal(d_r.numpy(), [[3.0, np.nan], [1.0, 0.0], [0.0, 0.0]])
+    np.testing.assert_array_equal(d_s.numpy(), [[4.0, np.nan], [0.0, 0.0], [0.0, 0.0]])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"senders: segment_ids\[2\] = 2 "):
+        kernels.hvdtrack_gather_sum_grad(upstream, out, recv, send, 2, relu=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one \\[edges, width\\] shape"):
+        kernels.hvdtrack_gather_sum_grad(upstream, out[:2], recv, send, 3, relu=True)
