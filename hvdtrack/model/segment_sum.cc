@@ -33,6 +33,10 @@
 //
 // Built with the other kernels into the one library by hvdtrack/model/kernels.py.
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 #include "kernels.h"
 
 namespace hvdtrack {
@@ -119,6 +123,20 @@ constexpr int64 kBlockEdges = 1024;
 inline void AddRow(const float* row, float* out, int64 width) {
 #pragma omp simd
   for (int64 c = 0; c < width; ++c) out[c] += row[c];
+}
+
+// g = u * (o > 0), as TensorFlow's ReluGrad (a product: a NaN in u stays NaN, -x * 0 is -0.0).
+// Written with SSE: the compiler's own loop branched on each element, 6x slower.
+inline void ReluGradRow(const float* u, const float* o, float* g, int64 width) {
+  int64 c = 0;
+#ifdef __SSE2__
+  const __m128 zero = _mm_setzero_ps(), one = _mm_set1_ps(1.f);
+  for (; c + 4 <= width; c += 4) {
+    const __m128 keep = _mm_and_ps(_mm_cmpgt_ps(_mm_loadu_ps(o + c), zero), one);
+    _mm_storeu_ps(g + c, _mm_mul_ps(_mm_loadu_ps(u + c), keep));
+  }
+#endif
+  for (; c < width; ++c) g[c] = u[c] * (o[c] > 0.f ? 1.f : 0.f);
 }
 
 // Checks values [E, W] and segment_ids [E] (every id in [0, segments)); the name is the op's.
@@ -287,20 +305,6 @@ class GatherSumGradOp : public OpKernel {
     const float* op = out.flat<float>().data();
     float* gp = grad->flat<float>().data();
     const bool relu = relu_;
-    auto mask = [&](int64 begin, int64 end) {  // rows [begin, end) of grad
-      for (int64 e = begin; e < end; ++e) {
-        const float* u = up + e * width;
-        const float* o = op + e * width;
-        float* g = gp + e * width;
-        if (relu) {
-          // TensorFlow's ReluGrad multiplies (a NaN upstream stays NaN, -x * 0 is -0.0)
-#pragma omp simd
-          for (int64 c = 0; c < width; ++c) g[c] = u[c] * static_cast<float>(o[c] > 0.f);
-        } else if (g != u) {
-          std::copy_n(u, width, g);
-        }
-      }
-    };
     auto* workers = context->device()->tensorflow_cpu_worker_threads();
     if (workers->num_threads == 1 || nodes <= kBlockSegments) {
       // One pass: each edge's row masked, then added into its receiver's and sender's rows,
@@ -312,17 +316,39 @@ class GatherSumGradOp : public OpKernel {
       const int32_t* recv = receivers.flat<int32_t>().data();
       const int32_t* send = senders.flat<int32_t>().data();
       for (int64 e = 0; e < edges; ++e) {
-        mask(e, e + 1);
-        AddRow(gp + e * width, rp + recv[e] * width, width);
-        AddRow(gp + e * width, sp + send[e] * width, width);
+        const float* u = up + e * width;
+        const float* o = op + e * width;
+        float* g = gp + e * width;
+        float* to_r = rp + recv[e] * width;
+        float* to_s = sp + send[e] * width;
+        if (relu) {
+          ReluGradRow(u, o, g, width);
+          AddRow(g, to_r, width);
+          AddRow(g, to_s, width);
+        } else {
+#pragma omp simd
+          for (int64 c = 0; c < width; ++c) {
+            const float v = u[c];
+            g[c] = v;
+            to_r[c] += v;
+            to_s[c] += v;
+          }
+        }
       }
       return;
     }
     const int64 blocks = (edges + kBlockEdges - 1) / kBlockEdges;
-    ::tensorflow::Shard(workers->num_threads, workers->workers, blocks,
-                        kBlockEdges * width * 3, [&](int64 begin, int64 end) {
-                          mask(begin * kBlockEdges, std::min(edges, end * kBlockEdges));
-                        });
+    ::tensorflow::Shard(
+        workers->num_threads, workers->workers, blocks, kBlockEdges * width * 3,
+        [&](int64 begin, int64 end) {
+          const int64 first = begin * kBlockEdges * width;
+          const int64 last = std::min(edges, end * kBlockEdges) * width;
+          if (relu) {
+            ReluGradRow(up + first, op + first, gp + first, last - first);
+          } else if (gp != up) {
+            std::copy(up + first, up + last, gp + first);
+          }
+        });
     AddSegments(context, *grad, receivers, /*zero_first=*/true, receiver_sums);
     AddSegments(context, *grad, senders, /*zero_first=*/true, sender_sums);
   }
