@@ -184,32 +184,33 @@ inline void NormRow(const float* row, const float* sp, const float* op, int64 wi
   *rstd = s;
 }
 
-// For each byte of a mask, its eight bits as all-ones or zero words: a float ANDed with them
-// is itself or +0 (what ReluGrad gives where the input was not positive, NaN or not).
-struct BitWords {
-  uint32_t words[256][8];
-  BitWords() {
-    for (int b = 0; b < 256; ++b) {
-      for (int k = 0; k < 8; ++k) words[b][k] = ((b >> k) & 1) ? 0xffffffffu : 0u;
-    }
+// out[c] = +0 where bit c of the row's mask is clear, NaN or not (what ReluGrad gives where the
+// input was not positive): out's bits ANDed with all ones or zeros made from the mask's bits.
+inline void ApplyMask(const uint8_t* bits, int64 width, float* out) {
+  int64 j = 0;
+#ifdef __SSE2__
+  const __m128i low = _mm_setr_epi32(1, 2, 4, 8), high = _mm_setr_epi32(16, 32, 64, 128);
+  for (; 8 * j + 8 <= width; ++j) {
+    const __m128i b = _mm_set1_epi32(bits[j]);
+    const __m128 keep_low = _mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(b, low), low));
+    const __m128 keep_high = _mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(b, high), high));
+    float* o = out + 8 * j;
+    _mm_storeu_ps(o, _mm_and_ps(_mm_loadu_ps(o), keep_low));
+    _mm_storeu_ps(o + 4, _mm_and_ps(_mm_loadu_ps(o + 4), keep_high));
   }
-};
-
-// keep[c] = all ones where bit c of the row's mask is set, else 0.
-inline void ExpandMask(const uint8_t* bits, int64 width, uint32_t* keep) {
-  static const BitWords table;
-  for (int64 j = 0; j * 8 < width; ++j) {
-    const int64 count = std::min<int64>(8, width - 8 * j);
-    std::memcpy(keep + 8 * j, table.words[bits[j]], sizeof(uint32_t) * count);
+#endif
+  for (int64 c = 8 * j; c < width; ++c) {
+    if (!((bits[c / 8] >> (c % 8)) & 1)) out[c] = 0.f;
   }
 }
 
 // One row of the gradient (see the top). kFromX: n = (a - m) * s from the (activated) input
-// a; else n = (y - offset) * inverse_scale. keep: ExpandMask's words, or null without ReLU.
+// a; else n = (y - offset) * inverse_scale. bits: the row's ReLU mask (ApplyMask), or null
+// without ReLU.
 template <bool kFromX>
 inline void GradRow(const float* src, const float* up, const float* sp, const float* offset,
                     const float* inverse_scale, float m, float s, int64 width, float inv_width,
-                    const uint32_t* keep, float* dscale_part, float* doffset_part, float* out) {
+                    const uint8_t* bits, float* dscale_part, float* doffset_part, float* out) {
   float sum_g = 0.f, sum_gn = 0.f;
 #pragma omp simd reduction(+ : sum_g, sum_gn)
   for (int64 c = 0; c < width; ++c) {
@@ -221,21 +222,11 @@ inline void GradRow(const float* src, const float* up, const float* sp, const fl
     doffset_part[c] += up[c];
   }
   const float mean_g = sum_g * inv_width, mean_gn = sum_gn * inv_width;
-  if (keep == nullptr) {
-    for (int64 c = 0; c < width; ++c) {
-      const float n = kFromX ? (src[c] - m) * s : (src[c] - offset[c]) * inverse_scale[c];
-      out[c] = s * (up[c] * sp[c] - mean_g - n * mean_gn);
-    }
-    return;
-  }
   for (int64 c = 0; c < width; ++c) {
     const float n = kFromX ? (src[c] - m) * s : (src[c] - offset[c]) * inverse_scale[c];
-    const float v = s * (up[c] * sp[c] - mean_g - n * mean_gn);
-    uint32_t word;
-    std::memcpy(&word, &v, sizeof word);
-    word &= keep[c];
-    std::memcpy(out + c, &word, sizeof word);
+    out[c] = s * (up[c] * sp[c] - mean_g - n * mean_gn);
   }
+  if (bits != nullptr) ApplyMask(bits, width, out);
 }
 
 }  // namespace
@@ -352,22 +343,20 @@ class LayerNormGradOp : public OpKernel {
       float* dscale_part = partial.data() + block * 2 * width;
       float* doffset_part = dscale_part + width;
       std::vector<float> activated(relu && from_x ? width : 0);
-      std::vector<uint32_t> keep(relu ? width : 0);
       for (int64 r = first; r < end; ++r) {
         const float* row = srcp + r * width;
-        if (relu) ExpandMask(bits + r * mask_bytes, width, keep.data());
+        const uint8_t* row_bits = relu ? bits + r * mask_bytes : nullptr;
         if (relu && from_x) {  // x is the input before the ReLU
           for (int64 c = 0; c < width; ++c) activated[c] = Relu(row[c]);
           row = activated.data();
         }
-        const uint32_t* kp = relu ? keep.data() : nullptr;
         float* out = dxp + r * width;
         if (from_x) {
-          GradRow<true>(row, dyp + r * width, sp, op, isp, mp[r], rp[r], width, inv_width, kp,
-                        dscale_part, doffset_part, out);
+          GradRow<true>(row, dyp + r * width, sp, op, isp, mp[r], rp[r], width, inv_width,
+                        row_bits, dscale_part, doffset_part, out);
         } else {
-          GradRow<false>(row, dyp + r * width, sp, op, isp, 0.f, rp[r], width, inv_width, kp,
-                         dscale_part, doffset_part, out);
+          GradRow<false>(row, dyp + r * width, sp, op, isp, 0.f, rp[r], width, inv_width,
+                         row_bits, dscale_part, doffset_part, out);
         }
       }
     });
@@ -469,13 +458,10 @@ class MaskedColumnOp : public OpKernel {
     const float* cp = column.flat<float>().data();
     float* op = out->flat<float>().data();
     ForEachBlock(context, rows, width, [&](int64, int64 first, int64 end) {
-      std::vector<uint32_t> keep(width);
       for (int64 r = first; r < end; ++r) {
-        ExpandMask(bp + r * bytes, width, keep.data());
-        uint32_t value;
-        std::memcpy(&value, cp + r, sizeof value);
-        uint32_t* row = reinterpret_cast<uint32_t*>(op + r * width);
-        for (int64 c = 0; c < width; ++c) row[c] = value & keep[c];
+        float* row = op + r * width;
+        std::fill(row, row + width, cp[r]);
+        ApplyMask(bp + r * bytes, width, row);
       }
     });
   }
