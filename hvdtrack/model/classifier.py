@@ -289,9 +289,9 @@ class SegmentClassifier(snt.Module):
 
         def edge_rows(e, t, receiver_terms, sender_terms, receivers, senders):
             # t: rows of the edge term (factorized), else of the encoded edges (StepParts)
-            if factorized:
+            if factorized:  # the node terms' gradients are added per node by recompute
                 return self._edge_update.rows(
-                    e, t, receiver_terms, sender_terms, receivers, senders
+                    e, t, receiver_terms, sender_terms, receivers, senders, node_gradients=False
                 )
             receiver_rows = tf.gather(receiver_terms, receivers)
             return self._edge_update.rows(t, e, receiver_rows, tf.gather(sender_terms, senders))
@@ -395,13 +395,17 @@ class FactorizedEdgeUpdate(snt.Module):
     def rows(
         self, edges: tf.Tensor, edge_term: tf.Tensor, receiver_terms: tf.Tensor,
         sender_terms: tf.Tensor, receivers: tf.Tensor, senders: tf.Tensor,
+        node_gradients: bool = True,
     ) -> tf.Tensor:  # fmt: skip
         """New edge latents [rows, L_e] of any rows of the edges, from their latents, their
-        ``edge_term``, ``node_terms`` (whole, [N, H] each) and the rows' endpoints."""
+        ``edge_term``, ``node_terms`` (whole, [N, H] each) and the rows' endpoints; without
+        ``node_gradients``, no gradient flows to the node terms (``segments.gather_sum``)."""
         terms = (edge_term, edges @ self._first_layer_blocks()["e"])
         # The gathers, the sum and a ReLU in one pass.
         relu = self._config.activation == "relu"
-        h = gather_sum(terms, (receiver_terms, sender_terms), receivers, senders, relu=relu)
+        h = gather_sum(
+            terms, (receiver_terms, sender_terms), receivers, senders, relu, node_gradients
+        )
         return self._rest(h if relu else self._activation(h))
 
     def _rest(self, h: tf.Tensor) -> tf.Tensor:

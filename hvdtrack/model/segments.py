@@ -91,6 +91,7 @@ def gather_sum(
     receivers: tf.Tensor,
     senders: tf.Tensor,
     relu: bool,
+    node_gradients: bool = True,
 ) -> tf.Tensor:
     """``relu((a + b) + r[receivers] + s[senders])`` (without ``relu``: the sum), whose
     gradients are the upstream (through the ReLU) for a and b and its ``segment_sum`` per
@@ -106,6 +107,9 @@ def gather_sum(
       node_terms: (r, s), float [N, width] each (one N: the same nodes' terms).
       receivers, senders: int32 [E], each in [0, N).
       relu: apply the ReLU.
+      node_gradients: give r and s their gradients. Without, None: for a caller that sums
+        them itself (``model.recompute``'s chunks, which would otherwise get two [N, width]
+        sums per chunk from the one kernel).
 
     Returns:
       [E, width] in the terms' dtype.
@@ -127,6 +131,9 @@ def gather_sum(
             out = tf.nn.relu(out) if relu else out
 
         def grad(upstream):
+            if not node_gradients:
+                g = tf.raw_ops.ReluGrad(gradients=upstream, features=out) if relu else upstream
+                return g, g, None, None
             if kernels:  # the ReLU's gradient and both sums in one kernel
                 count = tf.shape(r)[0]
                 g, d_r, d_s = kernels.hvdtrack_gather_sum_grad(

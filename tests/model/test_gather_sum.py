@@ -221,3 +221,18 @@ def test_the_gradient_kernel_by_hand_and_its_errors(kernels):
         kernels.hvdtrack_gather_sum_grad(upstream, out, recv, send, 2, relu=True)
     with pytest.raises(tf.errors.InvalidArgumentError, match="one \\[edges, width\\] shape"):
         kernels.hvdtrack_gather_sum_grad(upstream, out[:2], recv, send, 3, relu=True)
+
+
+def test_without_node_gradients_the_node_terms_get_none_and_the_edges_theirs(kernels):
+    rng = np.random.default_rng(8)
+    a, b, r, s, receivers, senders = _random_case(rng, 300, 40, 8)
+    grads = []
+    for node_gradients in (True, False):
+        with tf.GradientTape() as tape:
+            tape.watch([a, b, r, s])
+            out = gather_sum((a, b), (r, s), receivers, senders, True, node_gradients)
+            loss = tf.reduce_sum(out * out)
+        grads.append(tape.gradient(loss, [a, b, r, s]))
+    assert grads[1][2] is None and grads[1][3] is None
+    for with_nodes, without in zip(grads[0][:2], grads[1][:2]):
+        np.testing.assert_array_equal(with_nodes.numpy(), without.numpy())
