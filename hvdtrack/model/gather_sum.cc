@@ -1,9 +1,11 @@
 // The first layer of the factorized edge update in one pass over the edges (CPU):
 //
 //   HvdtrackGatherSum(edge_a [E, W], edge_b [E, W], nodes_r [N, W], nodes_s [N, W],
-//                     receivers int32 [E], senders int32 [E]; relu: bool) -> [E, W]
+//                     receivers int32 [E], senders int32 [E]; relu: bool)
+//       -> (out [E, W], mask uint8 [E, ceil(W / 8) with relu, else 0])
 //       row e = ((edge_a[e] + edge_b[e]) + nodes_r[receivers[e]]) + nodes_s[senders[e]],
-//       then max(0, .) with relu
+//       then max(0, .) with relu; mask: bit c of row e set where out[e, c] > 0, what the
+//       gradient (HvdtrackGatherSumGrad) needs instead of out
 //
 // In TensorFlow ops that is two gathers (each writing an [E, W] tensor), an AddN reading four
 // [E, W] tensors and a Relu: eleven passes over [E, W] where this kernel makes five (four rows
@@ -32,6 +34,7 @@ REGISTER_OP("HvdtrackGatherSum")
     .Input("senders: int32")
     .Attr("relu: bool")
     .Output("out: float")
+    .Output("mask: uint8")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle a, b, r, s, recv, send;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &a));
@@ -48,6 +51,12 @@ REGISTER_OP("HvdtrackGatherSum")
       TF_RETURN_IF_ERROR(c->Merge(width, c->Dim(r, 1), &width));
       TF_RETURN_IF_ERROR(c->Merge(width, c->Dim(s, 1), &width));
       c->set_output(0, c->Matrix(edges, width));
+      bool relu;
+      TF_RETURN_IF_ERROR(c->GetAttr("relu", &relu));
+      DimensionHandle bytes = !relu                  ? c->MakeDim(0)
+                              : c->ValueKnown(width) ? c->MakeDim(MaskBytes(c->Value(width)))
+                                                     : c->UnknownDim();
+      c->set_output(1, c->Matrix(edges, bytes));
       return Status();
     });
 
@@ -100,8 +109,13 @@ class GatherSumOp : public OpKernel {
     OP_REQUIRES_OK(context, CheckIndices("receivers", receivers, r.dim_size(0)));
     OP_REQUIRES_OK(context, CheckIndices("senders", senders, s.dim_size(0)));
     Tensor* out;
-    OP_REQUIRES_OK(context, context->allocate_output(0, a.shape(), &out));
+    // in edge_a's or edge_b's buffer when nothing else reads it (each row read, then written)
+    OP_REQUIRES_OK(context, context->forward_input_or_allocate_output({0, 1}, 0, a.shape(), &out));
+    const int64 bytes = relu_ ? MaskBytes(width) : 0;
+    Tensor* mask;
+    OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({edges, bytes}), &mask));
     if (edges == 0 || width == 0) return;
+    uint8_t* bits = mask->flat<uint8_t>().data();
     const float* ap = a.flat<float>().data();
     const float* bp = b.flat<float>().data();
     const float* rp = r.flat<float>().data();
@@ -129,6 +143,7 @@ class GatherSumOp : public OpKernel {
               for (int64 c = 0; c < width; ++c) {
                 o[c] = std::max(((ar[c] + br[c]) + rr[c]) + sr[c], 0.f);
               }
+              MaskRow(o, width, bits + e * bytes);
             } else {
 #pragma omp simd
               for (int64 c = 0; c < width; ++c) o[c] = ((ar[c] + br[c]) + rr[c]) + sr[c];

@@ -130,37 +130,8 @@ bool InvertibleFromOutput(const float* scale, const float* offset, int64 width) 
   return true;
 }
 
-// Bytes of a row's ReLU mask: one bit per column.
-inline int64 MaskBytes(int64 width) { return (width + 7) / 8; }
-
 // a = max(x, 0) (a NaN stays NaN, as TensorFlow's Relu keeps it).
 inline float Relu(float x) { return x < 0.f ? 0.f : x; }
-
-// Bit c of the row's mask set where row[c] > 0 (where the ReLU passes the gradient).
-inline void MaskRow(const float* row, int64 width, uint8_t* bits) {
-  const int64 whole = width / 8;
-#ifdef __SSE2__  // every x86-64 CPU: four compares and their sign bits at once
-  const __m128 zero = _mm_setzero_ps();
-  for (int64 j = 0; j < whole; ++j) {
-    const float* p = row + 8 * j;
-    const int low = _mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(p), zero));
-    const int high = _mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(p + 4), zero));
-    bits[j] = static_cast<uint8_t>(low | high << 4);
-  }
-#else
-  for (int64 j = 0; j < whole; ++j) {
-    const float* p = row + 8 * j;
-    bits[j] = static_cast<uint8_t>((p[0] > 0.f) | (p[1] > 0.f) << 1 | (p[2] > 0.f) << 2 |
-                                   (p[3] > 0.f) << 3 | (p[4] > 0.f) << 4 | (p[5] > 0.f) << 5 |
-                                   (p[6] > 0.f) << 6 | (p[7] > 0.f) << 7);
-  }
-#endif
-  if (whole < MaskBytes(width)) {
-    uint8_t b = 0;
-    for (int64 c = whole * 8; c < width; ++c) b |= static_cast<uint8_t>(row[c] > 0.f) << (c & 7);
-    bits[whole] = b;
-  }
-}
 
 // One row of the forward pass (see the top), on a = max(x, 0) with kRelu, else on x.
 template <bool kRelu>
@@ -182,26 +153,6 @@ inline void NormRow(const float* row, const float* sp, const float* op, int64 wi
   }
   *mean = m;
   *rstd = s;
-}
-
-// out[c] = +0 where bit c of the row's mask is clear, NaN or not (what ReluGrad gives where the
-// input was not positive): out's bits ANDed with all ones or zeros made from the mask's bits.
-inline void ApplyMask(const uint8_t* bits, int64 width, float* out) {
-  int64 j = 0;
-#ifdef __SSE2__
-  const __m128i low = _mm_setr_epi32(1, 2, 4, 8), high = _mm_setr_epi32(16, 32, 64, 128);
-  for (; 8 * j + 8 <= width; ++j) {
-    const __m128i b = _mm_set1_epi32(bits[j]);
-    const __m128 keep_low = _mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(b, low), low));
-    const __m128 keep_high = _mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(b, high), high));
-    float* o = out + 8 * j;
-    _mm_storeu_ps(o, _mm_and_ps(_mm_loadu_ps(o), keep_low));
-    _mm_storeu_ps(o + 4, _mm_and_ps(_mm_loadu_ps(o + 4), keep_high));
-  }
-#endif
-  for (int64 c = 8 * j; c < width; ++c) {
-    if (!((bits[c / 8] >> (c % 8)) & 1)) out[c] = 0.f;
-  }
 }
 
 // One row of the gradient (see the top). kFromX: n = (a - m) * s from the (activated) input
@@ -248,20 +199,22 @@ class LayerNormOp : public OpKernel {
     const int64 rows = x.dim_size(0), width = x.dim_size(1);
     const int64 mask_bytes = relu_ ? MaskBytes(width) : 0;
     Tensor *y, *mean, *rstd, *mask;
-    OP_REQUIRES_OK(context, context->allocate_output(0, x.shape(), &y));
+    const float* sp = scale.flat<float>().data();
+    const float* op = offset.flat<float>().data();
+    if (InvertibleFromOutput(sp, op, width)) {
+      // y in x's buffer when nothing else reads x (each row is read before it is written)
+      OP_REQUIRES_OK(context, context->forward_input_or_allocate_output({0}, 0, x.shape(), &y));
+      Tensor* none;
+      OP_REQUIRES_OK(context, context->allocate_output(3, TensorShape({0, width}), &none));
+    } else {
+      OP_REQUIRES_OK(context, context->allocate_output(0, x.shape(), &y));
+      context->set_output(3, x);  // the same buffer: the backward pass reads x
+    }
     OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({rows}), &mean));
     OP_REQUIRES_OK(context, context->allocate_output(2, TensorShape({rows}), &rstd));
     OP_REQUIRES_OK(context,
                    context->allocate_output(4, TensorShape({rows, mask_bytes}), &mask));
     const float* xp = x.flat<float>().data();
-    const float* sp = scale.flat<float>().data();
-    const float* op = offset.flat<float>().data();
-    if (InvertibleFromOutput(sp, op, width)) {
-      Tensor* none;
-      OP_REQUIRES_OK(context, context->allocate_output(3, TensorShape({0, width}), &none));
-    } else {
-      context->set_output(3, x);  // the same buffer: the backward pass reads x
-    }
     if (rows == 0) return;
     float* yp = y->flat<float>().data();
     float* mp = mean->flat<float>().data();
@@ -320,7 +273,8 @@ class LayerNormGradOp : public OpKernel {
                 mean.dims() == 1 && mean.dim_size(0) == rows && rstd.shape() == mean.shape(),
                 ::tensorflow::errors::InvalidArgument("mean and rstd must be [rows]"));
     Tensor *dx, *dscale, *doffset;
-    OP_REQUIRES_OK(context, context->allocate_output(0, dy.shape(), &dx));
+    // dx in dy's buffer when nothing else reads dy (GradRow reads each element first)
+    OP_REQUIRES_OK(context, context->forward_input_or_allocate_output({0}, 0, dy.shape(), &dx));
     OP_REQUIRES_OK(context, context->allocate_output(1, scale.shape(), &dscale));
     OP_REQUIRES_OK(context, context->allocate_output(2, scale.shape(), &doffset));
     const int64 blocks = (rows + kBlockRows - 1) / kBlockRows;

@@ -2,7 +2,8 @@
 the bias added by ``tf.nn.bias_add``, so that grappler fuses matmul, bias and ReLU into one
 kernel, and a final ReLU before a layer norm taken into the layer norm (``norm.LayerNorm``).
 
-Public symbols: ``ACTIVATIONS``, ``make_mlp``, ``FusedLinear``, ``FusedMLP``, ``LinearStack``.
+Public symbols: ``ACTIVATIONS``, ``make_mlp``, ``FusedLinear``, ``FusedMLP``, ``LinearStack``,
+``linear_freeing_input``.
 """
 
 from __future__ import annotations
@@ -179,6 +180,24 @@ def _narrow_layers(x, w0, b0, w1, b1):
         )
 
     return out, grad
+
+
+def linear_freeing_input(x, w, b):
+    """x @ w + b whose backward pass takes the weight gradient, x's last use, before x's own
+    gradient: when nothing else keeps x, it is freed before its gradient is allocated (one
+    tensor of x's shape less at that moment; TensorFlow's own order is free)."""
+
+    @tf.custom_gradient
+    def linear(x, w, b):
+        def grad(d_out):
+            d_w = tf.matmul(x, d_out, transpose_a=True)
+            with tf.control_dependencies([d_w]):
+                d_x = tf.matmul(d_out, w, transpose_b=True)
+            return d_x, d_w, tf.raw_ops.BiasAddGrad(out_backprop=d_out)
+
+        return tf.nn.bias_add(x @ w, b), grad
+
+    return linear(x, w, b)
 
 
 class LinearStack(snt.Module):

@@ -21,11 +21,12 @@
 //       the chunk's sums and a third for their addition. Each row gets its edges added in
 //       ascending edge order onto its old value, at any thread count, as above.
 //
-//   HvdtrackGatherSumGrad(upstream [E, W], out [E, W], receivers int32 [E], senders int32 [E],
-//                         num_nodes int32 N; relu: bool) -> (edges [E, W], receiver_sums [N, W],
-//                                                            sender_sums [N, W])
-//       HvdtrackGatherSum's gradient: edges = upstream where out > 0 (with relu; else upstream,
-//       as TensorFlow's ReluGrad), in upstream's buffer when TensorFlow can hand it over, and
+//   HvdtrackGatherSumGrad(upstream [E, W], mask uint8 [E, ceil(W / 8) or 0], receivers int32 [E],
+//                         senders int32 [E], num_nodes int32 N; relu: bool)
+//       -> (edges [E, W], receiver_sums [N, W], sender_sums [N, W])
+//       HvdtrackGatherSum's gradient from its mask (not its output, which the backward pass
+//       then need not keep): edges = upstream * (bit set) with relu (TensorFlow's ReluGrad on
+//       the output), else upstream, in upstream's buffer when TensorFlow can hand it over, and
 //       its HvdtrackSegmentSum per receiver and per sender. With one thread it is one pass over
 //       the edges (ReluGrad and the two sums were three, each reading [E, W] again); with more,
 //       the mask runs in blocks of edges on the threads and then the sums as above. The sums
@@ -89,7 +90,7 @@ REGISTER_OP("HvdtrackSegmentAdd")
 
 REGISTER_OP("HvdtrackGatherSumGrad")
     .Input("upstream: float")
-    .Input("out: float")
+    .Input("mask: uint8")
     .Input("receivers: int32")
     .Input("senders: int32")
     .Input("num_nodes: int32")
@@ -98,10 +99,9 @@ REGISTER_OP("HvdtrackGatherSumGrad")
     .Output("receiver_sums: float")
     .Output("sender_sums: float")
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle upstream, out, recv, send, scalar;
+      ShapeHandle upstream, mask, recv, send, scalar;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &upstream));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &out));
-      TF_RETURN_IF_ERROR(c->Merge(upstream, out, &upstream));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &mask));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &recv));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &send));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 0, &scalar));
@@ -123,20 +123,6 @@ constexpr int64 kBlockEdges = 1024;
 inline void AddRow(const float* row, float* out, int64 width) {
 #pragma omp simd
   for (int64 c = 0; c < width; ++c) out[c] += row[c];
-}
-
-// g = u * (o > 0), as TensorFlow's ReluGrad (a product: a NaN in u stays NaN, -x * 0 is -0.0).
-// Written with SSE: the compiler's own loop branched on each element, 6x slower.
-inline void ReluGradRow(const float* u, const float* o, float* g, int64 width) {
-  int64 c = 0;
-#ifdef __SSE2__
-  const __m128 zero = _mm_setzero_ps(), one = _mm_set1_ps(1.f);
-  for (; c + 4 <= width; c += 4) {
-    const __m128 keep = _mm_and_ps(_mm_cmpgt_ps(_mm_loadu_ps(o + c), zero), one);
-    _mm_storeu_ps(g + c, _mm_mul_ps(_mm_loadu_ps(u + c), keep));
-  }
-#endif
-  for (; c < width; ++c) g[c] = u[c] * (o[c] > 0.f ? 1.f : 0.f);
 }
 
 // Checks values [E, W] and segment_ids [E] (every id in [0, segments)); the name is the op's.
@@ -273,15 +259,18 @@ class GatherSumGradOp : public OpKernel {
 
   void Compute(OpKernelContext* context) override {
     const Tensor& upstream = context->input(0);
-    const Tensor& out = context->input(1);
+    const Tensor& mask = context->input(1);
     const Tensor& receivers = context->input(2);
     const Tensor& senders = context->input(3);
     const Tensor& num_nodes = context->input(4);
-    OP_REQUIRES(context, upstream.dims() == 2 && upstream.shape() == out.shape(),
+    const int64 bytes = relu_ && upstream.dims() == 2 ? MaskBytes(upstream.dim_size(1)) : 0;
+    OP_REQUIRES(context,
+                upstream.dims() == 2 &&
+                    mask.shape() == TensorShape({upstream.dim_size(0), bytes}),
                 ::tensorflow::errors::InvalidArgument(
-                    "HvdtrackGatherSumGrad: upstream and out must be one [edges, width] shape, "
-                    "got ",
-                    upstream.shape().DebugString(), " and ", out.shape().DebugString()));
+                    "HvdtrackGatherSumGrad: upstream must be [edges, width] and mask [edges, ",
+                    bytes, "], got ", upstream.shape().DebugString(), " and ",
+                    mask.shape().DebugString()));
     OP_REQUIRES(context, num_nodes.dims() == 0,
                 ::tensorflow::errors::InvalidArgument(
                     "HvdtrackGatherSumGrad: num_nodes must be a scalar, got shape ",
@@ -302,7 +291,7 @@ class GatherSumGradOp : public OpKernel {
     OP_REQUIRES_OK(context, context->allocate_output(1, sums_shape, &receiver_sums));
     OP_REQUIRES_OK(context, context->allocate_output(2, sums_shape, &sender_sums));
     const float* up = upstream.flat<float>().data();
-    const float* op = out.flat<float>().data();
+    const uint8_t* bits = mask.flat<uint8_t>().data();
     float* gp = grad->flat<float>().data();
     const bool relu = relu_;
     auto* workers = context->device()->tensorflow_cpu_worker_threads();
@@ -317,23 +306,16 @@ class GatherSumGradOp : public OpKernel {
       const int32_t* send = senders.flat<int32_t>().data();
       for (int64 e = 0; e < edges; ++e) {
         const float* u = up + e * width;
-        const float* o = op + e * width;
         float* g = gp + e * width;
         float* to_r = rp + recv[e] * width;
         float* to_s = sp + send[e] * width;
         if (relu) {
-          ReluGradRow(u, o, g, width);
-          AddRow(g, to_r, width);
-          AddRow(g, to_s, width);
-        } else {
-#pragma omp simd
-          for (int64 c = 0; c < width; ++c) {
-            const float v = u[c];
-            g[c] = v;
-            to_r[c] += v;
-            to_s[c] += v;
-          }
+          MaskedProduct(bits + e * bytes, u, width, g);
+        } else if (g != u) {
+          std::copy_n(u, width, g);
         }
+        AddRow(g, to_r, width);
+        AddRow(g, to_s, width);
       }
       return;
     }
@@ -341,12 +323,13 @@ class GatherSumGradOp : public OpKernel {
     ::tensorflow::Shard(
         workers->num_threads, workers->workers, blocks, kBlockEdges * width * 3,
         [&](int64 begin, int64 end) {
-          const int64 first = begin * kBlockEdges * width;
-          const int64 last = std::min(edges, end * kBlockEdges) * width;
+          const int64 first = begin * kBlockEdges, last = std::min(edges, end * kBlockEdges);
           if (relu) {
-            ReluGradRow(up + first, op + first, gp + first, last - first);
+            for (int64 e = first; e < last; ++e) {
+              MaskedProduct(bits + e * bytes, up + e * width, width, gp + e * width);
+            }
           } else if (gp != up) {
-            std::copy(up + first, up + last, gp + first);
+            std::copy(up + first * width, up + last * width, gp + first * width);
           }
         });
     AddSegments(context, *grad, receivers, /*zero_first=*/true, receiver_sums);

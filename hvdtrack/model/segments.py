@@ -124,8 +124,8 @@ def gather_sum(
 
     @tf.custom_gradient
     def _sum(a, b, r, s):
-        if kernels:
-            out = kernels.hvdtrack_gather_sum(a, b, r, s, receivers, senders, relu=relu)
+        if kernels:  # and the ReLU's mask, one bit per element, for the gradient
+            out, mask = kernels.hvdtrack_gather_sum(a, b, r, s, receivers, senders, relu=relu)
         else:
             out = tf.add_n([a, b, tf.gather(r, receivers), tf.gather(s, senders)])
             out = tf.nn.relu(out) if relu else out
@@ -134,10 +134,10 @@ def gather_sum(
             if not node_gradients:
                 g = tf.raw_ops.ReluGrad(gradients=upstream, features=out) if relu else upstream
                 return g, g, None, None
-            if kernels:  # the ReLU's gradient and both sums in one kernel
+            if kernels:  # the ReLU's gradient and both sums in one kernel, from the mask
                 count = tf.shape(r)[0]
                 g, d_r, d_s = kernels.hvdtrack_gather_sum_grad(
-                    upstream, out, receivers, senders, count, relu=relu
+                    upstream, mask, receivers, senders, count, relu=relu
                 )
                 return g, g, d_r, d_s
             g = tf.raw_ops.ReluGrad(gradients=upstream, features=out) if relu else upstream

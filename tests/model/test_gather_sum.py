@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from hvdtrack.model import segments as segments_module
+from hvdtrack.model.head import pack_bits
 from hvdtrack.model.segments import gather_sum
 
 # Ends a hung subprocess; not a speed goal.
@@ -43,20 +44,25 @@ def test_a_hand_made_case(kernels):
     r = tf.constant([[10.0, 20.0], [1.0, -5.0]])
     s = tf.constant([[100.0, 200.0], [1.0, 1.0], [1.0, 0.0]])
     receivers, senders = tf.constant([0, 1, 0]), tf.constant([1, 0, 2])
-    out = kernels.hvdtrack_gather_sum(a, b, r, s, receivers, senders, relu=True)
+    out, mask = kernels.hvdtrack_gather_sum(a, b, r, s, receivers, senders, relu=True)
     np.testing.assert_array_equal(out.numpy(), [[12.0, 24.0], [102.5, 196.0], [8.0, 22.0]])
+    np.testing.assert_array_equal(mask.numpy(), [[3], [3], [3]])  # bits 0 and 1: both > 0
     r = tf.constant([[-10.0, 20.0], [1.0, -5.0]])
-    out = kernels.hvdtrack_gather_sum(a, b, r, s, receivers, senders, relu=True)
+    out, mask = kernels.hvdtrack_gather_sum(a, b, r, s, receivers, senders, relu=True)
     np.testing.assert_array_equal(out.numpy()[2], [0.0, 22.0])
-    out = kernels.hvdtrack_gather_sum(a, b, r, s, receivers, senders, relu=False)
+    np.testing.assert_array_equal(mask.numpy()[2], [2])  # only column 1 passes
+    out, mask = kernels.hvdtrack_gather_sum(a, b, r, s, receivers, senders, relu=False)
     np.testing.assert_array_equal(out.numpy()[2], [-12.0, 22.0])
+    assert mask.shape == (3, 0)
 
 
 @pytest.mark.parametrize("relu", [True, False])
 def test_equal_to_the_tensorflow_ops_bit_for_bit(kernels, relu):
     case = _random_case(np.random.default_rng(1), 20000, 2500, 37)
-    ours = kernels.hvdtrack_gather_sum(*case, relu=relu).numpy()
-    assert ours.tobytes() == _ops(*case, relu=relu).numpy().tobytes()
+    ours, mask = kernels.hvdtrack_gather_sum(*case, relu=relu)
+    assert ours.numpy().tobytes() == _ops(*case, relu=relu).numpy().tobytes()
+    if relu:  # the mask: pack_bits of out > 0
+        np.testing.assert_array_equal(mask.numpy(), pack_bits(ours > 0).numpy())
     # what makes the test able to fail: another order of addition gives other bits
     a, b, r, s, receivers, senders = case
     other = tf.add_n([tf.gather(s, senders), tf.gather(r, receivers), b, a]).numpy()
@@ -66,8 +72,8 @@ def test_equal_to_the_tensorflow_ops_bit_for_bit(kernels, relu):
 def test_no_edges(kernels):
     none = tf.zeros([0], tf.int32)
     nodes = tf.ones([3, 2])
-    out = kernels.hvdtrack_gather_sum(tf.zeros([0, 2]), tf.zeros([0, 2]), nodes, nodes, none, none, relu=True)  # fmt: skip
-    assert out.shape == (0, 2)
+    out, mask = kernels.hvdtrack_gather_sum(tf.zeros([0, 2]), tf.zeros([0, 2]), nodes, nodes, none, none, relu=True)  # fmt: skip
+    assert out.shape == (0, 2) and mask.shape == (0, 1)
 
 
 @pytest.mark.parametrize("which, position", [("receivers", 4), ("senders", 5)])
@@ -156,8 +162,8 @@ rng = np.random.default_rng(0)
 a, b = (tf.constant(rng.standard_normal((100000, 64)), tf.float32) for _ in range(2))
 r, s = (tf.constant(rng.standard_normal((12000, 64)), tf.float32) for _ in range(2))
 recv, send = (tf.constant(rng.integers(0, 12000, 100000), tf.int32) for _ in range(2))
-out = fused_kernels().hvdtrack_gather_sum(a, b, r, s, recv, send, relu=True)
-print(hashlib.sha256(out.numpy().tobytes()).hexdigest())
+out, mask = fused_kernels().hvdtrack_gather_sum(a, b, r, s, recv, send, relu=True)
+print(hashlib.sha256(out.numpy().tobytes() + mask.numpy().tobytes()).hexdigest())
 """
 
 
@@ -183,8 +189,10 @@ scale = np.exp(rng.uniform(-7, 7, (100000, 1)))
 upstream = tf.constant(rng.standard_normal((100000, 64)) * scale, tf.float32)
 out = tf.constant(np.maximum(rng.standard_normal((100000, 64)), 0), tf.float32)
 recv, send = (tf.constant(rng.integers(0, 12000, 100000), tf.int32) for _ in range(2))
+kernels = fused_kernels()
 for relu in (True, False):
-    grads = fused_kernels().hvdtrack_gather_sum_grad(upstream, out, recv, send, 12000, relu=relu)
+    mask = kernels.hvdtrack_relu_mask(out) if relu else tf.zeros([100000, 0], tf.uint8)
+    grads = kernels.hvdtrack_gather_sum_grad(upstream, mask, recv, send, 12000, relu=relu)
     theirs = [tf.raw_ops.ReluGrad(gradients=upstream, features=out) if relu else upstream]
     theirs += [tf.math.unsorted_segment_sum(theirs[0], ids, 12000) for ids in (recv, send)]
     for ours, want in zip(grads, theirs):
@@ -209,18 +217,18 @@ def test_the_gradient_kernel_is_relugrad_and_two_segment_sums_bit_for_bit_at_1_a
 
 def test_the_gradient_kernel_by_hand_and_its_errors(kernels):
     upstream = tf.constant([[1.0, -2.0], [3.0, float("nan")], [-5.0, 6.0]])
-    out = tf.constant([[0.5, 0.0], [1.0, 2.0], [0.0, 0.0]])
+    mask = kernels.hvdtrack_relu_mask(tf.constant([[0.5, 0.0], [1.0, 2.0], [0.0, 0.0]]))
     recv, send = tf.constant([1, 0, 1]), tf.constant([0, 0, 2])
-    grad, d_r, d_s = kernels.hvdtrack_gather_sum_grad(upstream, out, recv, send, 3, relu=True)
+    grad, d_r, d_s = kernels.hvdtrack_gather_sum_grad(upstream, mask, recv, send, 3, relu=True)
     expected = np.array([[1.0, -0.0], [3.0, np.nan], [-0.0, 0.0]], np.float32)
     np.testing.assert_array_equal(grad.numpy(), expected)
     assert np.signbit(grad.numpy()[0, 1]) and np.signbit(grad.numpy()[2, 0])  # -2 * 0, -5 * 0
     np.testing.assert_array_equal(d_r.numpy(), [[3.0, np.nan], [1.0, 0.0], [0.0, 0.0]])
     np.testing.assert_array_equal(d_s.numpy(), [[4.0, np.nan], [0.0, 0.0], [0.0, 0.0]])
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"senders: segment_ids\[2\] = 2 "):
-        kernels.hvdtrack_gather_sum_grad(upstream, out, recv, send, 2, relu=True)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="one \\[edges, width\\] shape"):
-        kernels.hvdtrack_gather_sum_grad(upstream, out[:2], recv, send, 3, relu=True)
+        kernels.hvdtrack_gather_sum_grad(upstream, mask, recv, send, 2, relu=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"mask \[edges, 1\], got"):
+        kernels.hvdtrack_gather_sum_grad(upstream, mask[:2], recv, send, 3, relu=True)
 
 
 def test_without_node_gradients_the_node_terms_get_none_and_the_edges_theirs(kernels):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrack.model.mlp import NARROW_INPUT, FusedMLP
+from hvdtrack.model.mlp import NARROW_INPUT, FusedMLP, linear_freeing_input
 
 
 def _reference(mlp: FusedMLP, x: tf.Tensor) -> tf.Tensor:
@@ -97,3 +97,31 @@ def test_the_narrow_first_layer_is_computed_again_when_the_gradient_comes():
     assert any(
         op.type == "MatMul" for wait in waits for op in wait.outputs[0].consumers()
     ), "the recomputed first layer does not wait: it would run as soon as x exists"
+
+
+def test_linear_freeing_input_gives_tensorflows_gradients_weight_gradient_first():
+    rng = np.random.default_rng(7)
+    x, w, b = (
+        tf.constant(rng.standard_normal(shape), tf.float32) for shape in ((30, 8), (8, 5), (5,))
+    )
+    upstream = tf.constant(rng.standard_normal((30, 5)), tf.float32)
+    ours = _values_and_gradients(lambda p: linear_freeing_input(*p), [x, w, b], [], upstream)
+    theirs = _values_and_gradients(lambda p: p[0] @ p[1] + p[2], [x, w, b], [], upstream)
+    for a, c in zip(ours, theirs):
+        np.testing.assert_allclose(a.numpy(), c.numpy(), rtol=1e-6, atol=1e-6)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            tape.watch([x, w, b])
+            total = tf.reduce_sum(linear_freeing_input(x, w, b) ** 2)
+        return tape.gradient(total, [x, w, b])
+
+    graph = step.get_concrete_function().graph
+    # x's gradient (a product with w) waits for the weight gradient (a product reading x)
+    waiting = [op for op in graph.get_operations() if op.type == "MatMul" and op.control_inputs]
+    assert waiting and all(
+        op.get_attr("transpose_b") and inp.type == "MatMul" and inp.get_attr("transpose_a")
+        for op in waiting
+        for inp in op.control_inputs
+    )
