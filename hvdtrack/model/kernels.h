@@ -101,13 +101,17 @@ inline void MaskedProduct(const uint8_t* bits, const float* u, int64 width, floa
   const __m128 one = _mm_set1_ps(1.f);
   for (; 8 * j + 8 <= width; ++j) {
     const __m128i b = _mm_set1_epi32(bits[j]);
-    const __m128 f_low = _mm_and_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(b, low), low)), one);
-    const __m128 f_high = _mm_and_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(b, high), high)), one);
+    const __m128i on_low = _mm_cmpeq_epi32(_mm_and_si128(b, low), low);
+    const __m128i on_high = _mm_cmpeq_epi32(_mm_and_si128(b, high), high);
+    const __m128 f_low = _mm_and_ps(_mm_castsi128_ps(on_low), one);
+    const __m128 f_high = _mm_and_ps(_mm_castsi128_ps(on_high), one);
     _mm_storeu_ps(g + 8 * j, _mm_mul_ps(_mm_loadu_ps(u + 8 * j), f_low));
     _mm_storeu_ps(g + 8 * j + 4, _mm_mul_ps(_mm_loadu_ps(u + 8 * j + 4), f_high));
   }
 #endif
-  for (int64 c = 8 * j; c < width; ++c) g[c] = u[c] * static_cast<float>((bits[c / 8] >> (c % 8)) & 1);
+  for (int64 c = 8 * j; c < width; ++c) {
+    g[c] = u[c] * static_cast<float>((bits[c / 8] >> (c % 8)) & 1);
+  }
 }
 
 }  // namespace hvdtrack

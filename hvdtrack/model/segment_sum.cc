@@ -129,8 +129,8 @@ inline void AddRow(const float* row, float* out, int64 width) {
 Status CheckEdges(const char* name, const Tensor& values, const Tensor& segment_ids,
                   int64 segments) {
   if (values.dims() != 2) {
-    return ::tensorflow::errors::InvalidArgument(name, ": values must be [edges, width], got shape ",
-                                                 values.shape().DebugString());
+    return ::tensorflow::errors::InvalidArgument(
+        name, ": values must be [edges, width], got shape ", values.shape().DebugString());
   }
   if (segment_ids.dims() != 1 || segment_ids.dim_size(0) != values.dim_size(0)) {
     return ::tensorflow::errors::InvalidArgument(
