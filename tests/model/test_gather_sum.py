@@ -167,16 +167,21 @@ print(hashlib.sha256(out.numpy().tobytes() + mask.numpy().tobytes()).hexdigest()
 """
 
 
-def test_the_kernel_gives_the_same_bits_at_one_and_two_threads():
+def _digests_at_1_and_2_threads(program: str) -> list[list[str]]:
+    """The digests ``program`` prints, run in a fresh process at 1 and at 2 intra-op threads."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    digests = [
+    return [
         subprocess.run(
-            [sys.executable, "-c", THREADS_PROGRAM, str(threads)],
+            [sys.executable, "-c", program, str(threads)],
             capture_output=True, text=True, check=True, env=env, timeout=HANG_S,
-        ).stdout.split()[-1]
+        ).stdout.split()[-2:]
         for threads in (1, 2)
     ]  # fmt: skip
-    assert digests[0] == digests[1]
+
+
+def test_the_kernel_gives_the_same_bits_at_one_and_two_threads():
+    one, two = _digests_at_1_and_2_threads(THREADS_PROGRAM)
+    assert one[-1] == two[-1]
 
 
 GRAD_PROGRAM = """
@@ -204,15 +209,8 @@ for relu in (True, False):
 def test_the_gradient_kernel_is_relugrad_and_two_segment_sums_bit_for_bit_at_1_and_2_threads():
     # TensorFlow's one-thread sums are the reference (its own kernel's order of addition): run
     # each thread count in a fresh process, each compared with the ops, and with each other.
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    digests = [
-        subprocess.run(
-            [sys.executable, "-c", GRAD_PROGRAM, str(threads)],
-            capture_output=True, text=True, check=True, env=env, timeout=HANG_S,
-        ).stdout.split()[-2:]
-        for threads in (1, 2)
-    ]  # fmt: skip
-    assert digests[0] == digests[1]
+    one, two = _digests_at_1_and_2_threads(GRAD_PROGRAM)
+    assert one == two and len(one) == 2  # relu and not
 
 
 def test_the_gradient_kernel_by_hand_and_its_errors(kernels):
