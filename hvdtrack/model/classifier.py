@@ -38,7 +38,13 @@ from graph_nets.graphs import GraphsTuple
 
 from hvdtrack.model.config import ModelConfig
 from hvdtrack.model.head import lean_head
-from hvdtrack.model.mlp import ACTIVATIONS, LinearStack, linear_freeing_input, make_mlp
+from hvdtrack.model.mlp import (
+    ACTIVATIONS,
+    LinearStack,
+    linear_freeing_input,
+    linear_norm,
+    make_mlp,
+)
 from hvdtrack.model.norm import LayerNorm
 from hvdtrack.model.recompute import (
     StepParts,
@@ -410,12 +416,14 @@ class FactorizedEdgeUpdate(snt.Module):
 
     def _rest(self, h: tf.Tensor) -> tf.Tensor:
         """The layers after the first, on its activated output ``h`` [rows, H]."""
+        count = len(self._mlp.layers)
         for i, layer in enumerate(self._mlp.layers[1:], start=2):
             # The first layer's output is read by this product only (its gradient takes the
             # ReLU's mask from the gather-sum kernel): freed before its gradient exists.
+            if i == count and self._relu_in_norm:  # the bias's gradient from the layer norm's
+                return linear_norm(h, *layer.weights(h), self._norm)
             h = linear_freeing_input(h, *layer.weights(h)) if i == 2 else layer(h)
-            if not (self._relu_in_norm and i == len(self._mlp.layers)):
-                h = self._activation(h)
+            h = self._activation(h)
         return h if self._norm is None else self._norm(h)
 
     def __call__(

@@ -112,11 +112,11 @@ def _forward(edges, w1, b1, w2, b2):
         logits = tf.nn.bias_add(hidden @ w2, b2)
 
     def backward(d_logits):
-        if kernels:
-            d = kernels.hvdtrack_masked_column(bits, d_logits, width=width)
+        if kernels:  # and D's column sums, while each row is in cache
+            d, d_sum = kernels.hvdtrack_masked_column(bits, d_logits, width=width)
         else:
             d = tf.cast(unpack_bits(bits, width), tf.float32) * d_logits
-        d_sum = tf.reduce_sum(d, axis=0)
+            d_sum = tf.reduce_sum(d, axis=0)
         m = tf.matmul(edges, d, transpose_a=True)
         w2_row = tf.reshape(w2, [1, width])
         d_w2 = tf.reshape(tf.reduce_sum(w1 * m, axis=0) + b1 * d_sum, [width, 1])

@@ -12,11 +12,14 @@
 //       to float32 rounding (below), else an empty [0, width] tensor
 //       mask: with relu, uint8 [rows, ceil(width / 8)], bit c of a row set where x > 0; else
 //       [rows, 0]
-//   HvdtrackLayerNormGrad(dy, x, y, mask, scale, offset, mean, rstd; relu) -> dx, dscale, doffset
+//   HvdtrackLayerNormGrad(dy, x, y, mask, scale, offset, mean, rstd; relu)
+//       -> dx, dscale, doffset, dsum
 //       n = (a - mean) * rstd if x has the rows, else (y - offset) / scale
 //       g = dy * scale, da = rstd * (g - mean_row(g) - n * mean_row(g * n))
 //       dx = da where the mask's bit is set (relu), else da
 //       dscale = sum_rows(dy * n), doffset = sum_rows(dy)
+//       dsum = sum_rows(dx): the gradient of a bias added to x (the layer before's), summed
+//       while each row of dx is in cache instead of in one more pass over [rows, width]
 //
 // What the backward pass keeps: y, which the next layer keeps for its own gradient anyway,
 // two numbers per row and, with relu, one bit per element; not x nor the ReLU's output, which
@@ -82,6 +85,7 @@ REGISTER_OP("HvdtrackLayerNormGrad")
     .Output("dx: float")
     .Output("dscale: float")
     .Output("doffset: float")
+    .Output("dsum: float")
     .Attr("relu: bool = false")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle dy;
@@ -89,6 +93,7 @@ REGISTER_OP("HvdtrackLayerNormGrad")
       c->set_output(0, dy);
       c->set_output(1, c->Vector(c->Dim(dy, 1)));
       c->set_output(2, c->Vector(c->Dim(dy, 1)));
+      c->set_output(3, c->Vector(c->Dim(dy, 1)));
       return Status();
     });
 
@@ -272,14 +277,15 @@ class LayerNormGradOp : public OpKernel {
     OP_REQUIRES(context,
                 mean.dims() == 1 && mean.dim_size(0) == rows && rstd.shape() == mean.shape(),
                 ::tensorflow::errors::InvalidArgument("mean and rstd must be [rows]"));
-    Tensor *dx, *dscale, *doffset;
+    Tensor *dx, *dscale, *doffset, *dsum;
     // dx in dy's buffer when nothing else reads dy (GradRow reads each element first)
     OP_REQUIRES_OK(context, context->forward_input_or_allocate_output({0}, 0, dy.shape(), &dx));
     OP_REQUIRES_OK(context, context->allocate_output(1, scale.shape(), &dscale));
     OP_REQUIRES_OK(context, context->allocate_output(2, scale.shape(), &doffset));
+    OP_REQUIRES_OK(context, context->allocate_output(3, scale.shape(), &dsum));
     const int64 blocks = (rows + kBlockRows - 1) / kBlockRows;
-    // Per block: width partial sums of dy * n, then width of dy.
-    std::vector<float> partial(blocks * 2 * width, 0.f);
+    // Per block: width partial sums of dy * n, then width of dy, then width of dx.
+    std::vector<float> partial(blocks * 3 * width, 0.f);
     const float* dyp = dy.flat<float>().data();
     const float* sp = scale.flat<float>().data();
     const float* mp = mean.flat<float>().data();
@@ -294,8 +300,9 @@ class LayerNormGradOp : public OpKernel {
     const float* srcp = from_x ? x.flat<float>().data() : y.flat<float>().data();
     const bool relu = relu_;
     ForEachBlock(context, rows, width, [&](int64 block, int64 first, int64 end) {
-      float* dscale_part = partial.data() + block * 2 * width;
+      float* dscale_part = partial.data() + block * 3 * width;
       float* doffset_part = dscale_part + width;
+      float* dsum_part = doffset_part + width;
       std::vector<float> activated(relu && from_x ? width : 0);
       for (int64 r = first; r < end; ++r) {
         const float* row = srcp + r * width;
@@ -312,17 +319,22 @@ class LayerNormGradOp : public OpKernel {
           GradRow<false>(row, dyp + r * width, sp, op, isp, 0.f, rp[r], width, inv_width,
                          row_bits, dscale_part, doffset_part, out);
         }
+#pragma omp simd
+        for (int64 c = 0; c < width; ++c) dsum_part[c] += out[c];
       }
     });
     float* dsp = dscale->flat<float>().data();
     float* dop = doffset->flat<float>().data();
+    float* dxs = dsum->flat<float>().data();
     std::fill(dsp, dsp + width, 0.f);
     std::fill(dop, dop + width, 0.f);
+    std::fill(dxs, dxs + width, 0.f);
     for (int64 b = 0; b < blocks; ++b) {  // in block order: the same sums at any thread count
-      const float* part = partial.data() + b * 2 * width;
+      const float* part = partial.data() + b * 3 * width;
       for (int64 c = 0; c < width; ++c) {
         dsp[c] += part[c];
         dop[c] += part[width + c];
+        dxs[c] += part[2 * width + c];
       }
     }
   }
@@ -337,9 +349,11 @@ REGISTER_KERNEL_BUILDER(Name("HvdtrackLayerNormGrad").Device(::tensorflow::DEVIC
 
 // The ReLU masks of other layers, packed as the layer norm's (one bit per element):
 //   HvdtrackReluMask(x) -> bits uint8 [rows, ceil(width / 8)], bit c of a row set where x > 0
-//   HvdtrackMaskedColumn(bits, column; width) -> float [rows, width]: column[r] where bit c of
-//       row r is set, else 0 (the gradient through a ReLU of an upstream that is one number per
-//       row: the output head's, hvdtrack/model/head.py)
+//   HvdtrackMaskedColumn(bits, column; width) -> out float [rows, width], sums float [width]:
+//       out = column[r] where bit c of row r is set, else 0 (the gradient through a ReLU of an
+//       upstream that is one number per row: the output head's, hvdtrack/model/head.py), and
+//       sums = sum_rows(out) (the hidden layer's bias gradient), from blocks' partial sums
+//       added in block order, the same at any thread count
 REGISTER_OP("HvdtrackReluMask")
     .Input("x: float")
     .Output("bits: uint8")
@@ -357,6 +371,7 @@ REGISTER_OP("HvdtrackMaskedColumn")
     .Input("bits: uint8")
     .Input("column: float")
     .Output("out: float")
+    .Output("sums: float")
     .Attr("width: int >= 0")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle bits;
@@ -364,6 +379,7 @@ REGISTER_OP("HvdtrackMaskedColumn")
       int64 width;
       TF_RETURN_IF_ERROR(c->GetAttr("width", &width));
       c->set_output(0, c->Matrix(c->Dim(bits, 0), width));
+      c->set_output(1, c->Vector(width));
       return Status();
     });
 
@@ -406,18 +422,29 @@ class MaskedColumnOp : public OpKernel {
                 ::tensorflow::errors::InvalidArgument("column must have one value per row (",
                                                       rows, "), got shape ",
                                                       column.shape().DebugString()));
-    Tensor* out;
+    Tensor *out, *sums;
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({rows, width}), &out));
+    OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({width}), &sums));
     const uint8_t* bp = bits.flat<uint8_t>().data();
     const float* cp = column.flat<float>().data();
     float* op = out->flat<float>().data();
-    ForEachBlock(context, rows, width, [&](int64, int64 first, int64 end) {
+    const int64 blocks = (rows + kBlockRows - 1) / kBlockRows;
+    std::vector<float> partial(blocks * width, 0.f);
+    ForEachBlock(context, rows, width, [&](int64 block, int64 first, int64 end) {
+      float* part = partial.data() + block * width;
       for (int64 r = first; r < end; ++r) {
         float* row = op + r * width;
         std::fill(row, row + width, cp[r]);
         ApplyMask(bp + r * bytes, width, row);
+#pragma omp simd
+        for (int64 c = 0; c < width; ++c) part[c] += row[c];
       }
     });
+    float* sp = sums->flat<float>().data();
+    std::fill(sp, sp + width, 0.f);
+    for (int64 b = 0; b < blocks; ++b) {  // in block order, as the layer norm's sums
+      for (int64 c = 0; c < width; ++c) sp[c] += partial[b * width + c];
+    }
   }
 
  private:

@@ -3,7 +3,7 @@ the bias added by ``tf.nn.bias_add``, so that grappler fuses matmul, bias and Re
 kernel, and a final ReLU before a layer norm taken into the layer norm (``norm.LayerNorm``).
 
 Public symbols: ``ACTIVATIONS``, ``make_mlp``, ``FusedLinear``, ``FusedMLP``, ``LinearStack``,
-``linear_freeing_input``.
+``linear_freeing_input``, ``linear_norm``.
 """
 
 from __future__ import annotations
@@ -190,14 +190,39 @@ def linear_freeing_input(x, w, b):
     @tf.custom_gradient
     def linear(x, w, b):
         def grad(d_out):
-            d_w = tf.matmul(x, d_out, transpose_a=True)
-            with tf.control_dependencies([d_w]):
-                d_x = tf.matmul(d_out, w, transpose_b=True)
-            return d_x, d_w, tf.raw_ops.BiasAddGrad(out_backprop=d_out)
+            return (*_weight_first(x, w, d_out), tf.raw_ops.BiasAddGrad(out_backprop=d_out))
 
         return tf.nn.bias_add(x @ w, b), grad
 
     return linear(x, w, b)
+
+
+def linear_norm(x, w, b, norm: LayerNorm):
+    """``norm(x @ w + b)`` with ``linear_freeing_input``'s order of gradients, in one backward
+    pass where the layer norm's kernels run (float32): their gradient kernel also sums the
+    product's gradient per column, which is b's, so no ``BiasAddGrad`` reads [rows, width]
+    again."""
+    if not (norm.fused_for(x) and x.dtype == tf.float32):
+        return norm(linear_freeing_input(x, w, b))
+
+    @tf.custom_gradient
+    def layer(x, w, b, scale, offset):
+        y, backward = norm.kernel_pass(tf.nn.bias_add(x @ w, b), scale, offset)
+
+        def grad(d_y):
+            d_z, d_scale, d_offset, d_b = backward(d_y)
+            return (*_weight_first(x, w, d_z), d_b, d_scale, d_offset)
+
+        return y, grad
+
+    return layer(x, w, b, *norm.parameters(w.shape[-1]))
+
+
+def _weight_first(x, w, d_out):
+    """(x's gradient, w's) for x @ w, w's first (``linear_freeing_input``)."""
+    d_w = tf.matmul(x, d_out, transpose_a=True)
+    with tf.control_dependencies([d_w]):
+        return tf.matmul(d_out, w, transpose_b=True), d_w
 
 
 class LinearStack(snt.Module):

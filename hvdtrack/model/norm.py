@@ -38,13 +38,28 @@ class LayerNorm(snt.Module):
         self.scale = tf.Variable(tf.ones([width]), name="scale")
         self.offset = tf.Variable(tf.zeros([width]), name="offset")
 
+    def parameters(self, width: int) -> tuple[tf.Tensor, tf.Tensor]:
+        """scale and offset [width], created first, read as float32 tensors: statistics of a
+        64-wide row in bfloat16 or float16 would lose most of their digits. Their gradients
+        come from the custom gradients they are passed to."""
+        self._create(width)
+        return tf.cast(self.scale, tf.float32), tf.cast(self.offset, tf.float32)
+
+    def fused_for(self, x: tf.Tensor) -> bool:
+        """Whether ``kernel_pass`` runs on x (the kernel library is loaded, x is [rows, width])."""
+        return fused_kernels() is not None and x.shape.rank == 2
+
+    def kernel_pass(self, x: tf.Tensor, scale: tf.Tensor, offset: tf.Tensor):
+        """The forward kernel on x (``fused_for(x)``) with ``parameters``: (y in x's dtype,
+        backward), backward(dy) -> (dx, dscale, doffset, dsum), dsum the column sums of dx
+        (the gradient of a bias added to x, summed in the same pass). For a caller's own
+        custom gradient (``mlp.linear_norm``); ``__call__`` records the gradient itself."""
+        return _kernel_pass(fused_kernels(), x, scale, offset, self.eps, self.relu)
+
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
         """float [rows, width] -> normalised per row (in float32), then scaled and offset per
         column, in the dtype of x."""
-        self._create(x.shape[-1])
-        # Read as tensors (their gradients come from ``grad``), and in float32: statistics of
-        # a 64-wide row in bfloat16 or float16 would lose most of their digits.
-        scale, offset = (tf.cast(v, tf.float32) for v in (self.scale, self.offset))
+        scale, offset = self.parameters(x.shape[-1])
         kernels = fused_kernels() if x.shape.rank == 2 else None
         if kernels:  # casts inside: what the backward pass keeps is x in its own dtype
             return _layer_norm_fused(kernels, x, scale, offset, self.eps, self.relu)
@@ -56,7 +71,19 @@ class LayerNorm(snt.Module):
 
 
 def _layer_norm_fused(kernels, x, scale, offset, eps: float, relu: bool) -> tf.Tensor:
-    """The kernels on x of any float dtype, computing in float32.
+    """The kernels on x of any float dtype, computing in float32 (``_kernel_pass``)."""
+
+    @tf.custom_gradient
+    def norm(x, scale, offset):
+        y, backward = _kernel_pass(kernels, x, scale, offset, eps, relu)
+        return y, lambda upstream: backward(upstream)[:3]
+
+    return norm(x, scale, offset)
+
+
+def _kernel_pass(kernels, x, scale, offset, eps: float, relu: bool):
+    """The forward kernel on x: (y in x's dtype, backward), backward(upstream) -> (dx, dscale,
+    doffset, dsum), dsum the column sums of dx (the gradient of a bias added to x).
 
     In float32 the backward pass reads the normalised input back from the output, which the
     next layer keeps anyway, and keeps no copy of x (``layer_norm.cc``: one [rows, width]
@@ -66,32 +93,27 @@ def _layer_norm_fused(kernels, x, scale, offset, eps: float, relu: bool) -> tf.T
     keeps x as it came and casts it again (a float32 copy would be another 4 bytes per
     element)."""
     from_output = x.dtype == tf.float32
+    y, mean, rstd, kept, mask = kernels.hvdtrack_layer_norm(
+        tf.cast(x, tf.float32), scale, offset, epsilon=eps, relu=relu
+    )
 
-    @tf.custom_gradient
-    def norm(x, scale, offset):
-        y, mean, rstd, kept, mask = kernels.hvdtrack_layer_norm(
-            tf.cast(x, tf.float32), scale, offset, epsilon=eps, relu=relu
-        )
+    def backward(upstream):
+        with tf.name_scope("layer_norm_grad"):  # named for the step's op breakdown
+            if from_output:
+                source, output = kept, y
+            else:
+                # Cast when the gradient comes: a cast that needs only x would run as soon
+                # as x exists, and every layer's copy would wait for the backward pass.
+                with tf.control_dependencies([upstream]):
+                    source = tf.cast(x, tf.float32)
+                output = tf.zeros([0, y.shape[-1]], tf.float32)
+            dx, d_scale, d_offset, d_sum = kernels.hvdtrack_layer_norm_grad(
+                tf.cast(upstream, tf.float32), source, output, mask, scale, offset, mean, rstd,
+                relu=relu,
+            )  # fmt: skip
+            return tf.cast(dx, x.dtype), d_scale, d_offset, d_sum
 
-        def grad(upstream):
-            with tf.name_scope("layer_norm_grad"):  # named for the step's op breakdown
-                if from_output:
-                    source, output = kept, y
-                else:
-                    # Cast when the gradient comes: a cast that needs only x would run as
-                    # soon as x exists, and every layer's copy would wait for the backward pass.
-                    with tf.control_dependencies([upstream]):
-                        source = tf.cast(x, tf.float32)
-                    output = tf.zeros([0, y.shape[-1]], tf.float32)
-                dx, d_scale, d_offset = kernels.hvdtrack_layer_norm_grad(
-                    tf.cast(upstream, tf.float32), source, output, mask, scale, offset, mean,
-                    rstd, relu=relu,
-                )  # fmt: skip
-                return tf.cast(dx, x.dtype), d_scale, d_offset
-
-        return tf.cast(y, x.dtype), grad
-
-    return norm(x, scale, offset)
+    return tf.cast(y, x.dtype), backward
 
 
 def _layer_norm_ops(x: tf.Tensor, scale: tf.Tensor, offset: tf.Tensor, eps: float) -> tf.Tensor:

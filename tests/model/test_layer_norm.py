@@ -152,6 +152,9 @@ def test_backward_pass_from_the_output_keeps_no_copy_and_gives_the_gradients_fro
     )
     for a, b in zip(from_y, from_x):  # float32 rounding of n: a few ulps of the largest value
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0, atol=2e-6 * np.abs(b).max())
+    # the fourth output: dx summed per column (a bias's gradient), in blocks of rows
+    dx, dsum = from_y[0].numpy(), from_y[3].numpy()
+    np.testing.assert_allclose(dsum, dx.sum(axis=0, dtype=np.float64), rtol=0, atol=1e-4)
     expected = _ops_values_and_gradients(x, upstream, scale.numpy(), offset.numpy(), relu)
     for a, b in zip([y, *from_y], expected):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=2e-5)

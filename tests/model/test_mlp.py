@@ -1,7 +1,7 @@
-"""The MLPs' lean first layers (``hvdtrack.model.mlp.FusedMLP``): parts kept instead of their
-concatenation, a narrow input's first layer computed again instead of kept. The values and
-gradients are TensorFlow's own, and the compiled backward pass holds neither the
-concatenation nor the narrow layer's output."""
+"""The MLPs' lean layers (``hvdtrack.model.mlp``): parts kept instead of their concatenation, a
+narrow input's first layer computed again instead of kept, a last layer whose bias gradient
+comes from the layer norm's kernel. The values and gradients are TensorFlow's own, and the
+compiled backward pass holds neither the concatenation nor the narrow layer's output."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrack.model.mlp import NARROW_INPUT, FusedMLP, linear_freeing_input
+from hvdtrack.model.kernels import plain_ops
+from hvdtrack.model.mlp import NARROW_INPUT, FusedMLP, linear_freeing_input, linear_norm
+from hvdtrack.model.norm import LayerNorm
 
 
 def _reference(mlp: FusedMLP, x: tf.Tensor) -> tf.Tensor:
@@ -125,3 +127,41 @@ def test_linear_freeing_input_gives_tensorflows_gradients_weight_gradient_first(
         for op in waiting
         for inp in op.control_inputs
     )
+
+
+@pytest.mark.parametrize("relu", [True, False])
+def test_linear_norm_gives_tensorflows_gradients_with_the_bias_from_the_norm(relu):
+    rng = np.random.default_rng(8)
+    x, w, b = (
+        tf.constant(rng.standard_normal(shape), tf.float32)
+        for shape in ((2500, 24), (24, 16), (16,))  # more rows than one block of the kernel
+    )
+    upstream = tf.constant(rng.standard_normal((2500, 16)), tf.float32)
+    norm = LayerNorm(relu=relu)
+    norm.parameters(16)
+    norm.scale.assign(1 + 0.3 * rng.standard_normal(16)), norm.offset.assign(rng.random(16))
+    variables = [norm.scale, norm.offset]
+    ours = _values_and_gradients(lambda p: linear_norm(*p, norm), [x, w, b], variables, upstream)
+    with plain_ops():  # TensorFlow's ops and autodiff: the bias's gradient a BiasAddGrad
+        theirs = _values_and_gradients(
+            lambda p: norm(tf.nn.bias_add(p[0] @ p[1], p[2])), [x, w, b], variables, upstream
+        )
+    assert len(ours) == len(theirs) == 6
+    for a, c in zip(ours, theirs):
+        scale = max(1.0, np.abs(c.numpy()).max())
+        np.testing.assert_allclose(a.numpy(), c.numpy(), rtol=0, atol=1e-5 * scale)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            tape.watch([x, w, b])
+            total = tf.reduce_sum(linear_norm(x, w, b, norm) ** 2)
+        return tape.gradient(total, [x, w, b, *variables])
+
+    graph = step.get_concrete_function().graph
+    types = [op.type for op in graph.get_operations()]
+    # one kernel each way, the bias's gradient among the backward kernel's outputs
+    assert "BiasAddGrad" not in types, types
+    assert types.count("HvdtrackLayerNormGrad") == 1
+    waiting = [op for op in graph.get_operations() if op.type == "MatMul" and op.control_inputs]
+    assert waiting, "x's gradient does not wait for the weight gradient"
