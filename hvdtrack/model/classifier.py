@@ -52,7 +52,7 @@ from hvdtrack.model.recompute import (
     recomputed_rows,
     recomputed_steps,
 )
-from hvdtrack.model.segments import gather_sum, segment_sum
+from hvdtrack.model.segments import NodeGradients, gather_sum, segment_sum
 
 # The sub-modules holding variables, in data-flow order; variable names start with these.
 MODULE_NAMES = ("node_encoder", "edge_encoder", "edge_update", "node_update", "edge_output")
@@ -293,11 +293,12 @@ class SegmentClassifier(snt.Module):
             core = tf.concat([xe, x], axis=-1)
             return core, tf.identity(core)  # two tensors: each gets its own gradient
 
-        def edge_rows(e, t, receiver_terms, sender_terms, receivers, senders):
-            # t: rows of the edge term (factorized), else of the encoded edges (StepParts)
-            if factorized:  # the node terms' gradients are added per node by recompute
+        def edge_rows(e, t, receiver_terms, sender_terms, receivers, senders, onto):
+            # t: rows of the edge term (factorized), else of the encoded edges (StepParts);
+            # onto: where the node terms' gradients are added per node (factorized)
+            if factorized:
                 return self._edge_update.rows(
-                    e, t, receiver_terms, sender_terms, receivers, senders, node_gradients=False
+                    e, t, receiver_terms, sender_terms, receivers, senders, node_gradients=onto
                 )
             receiver_rows = tf.gather(receiver_terms, receivers)
             return self._edge_update.rows(t, e, receiver_rows, tf.gather(sender_terms, senders))
@@ -401,11 +402,11 @@ class FactorizedEdgeUpdate(snt.Module):
     def rows(
         self, edges: tf.Tensor, edge_term: tf.Tensor, receiver_terms: tf.Tensor,
         sender_terms: tf.Tensor, receivers: tf.Tensor, senders: tf.Tensor,
-        node_gradients: bool = True,
+        node_gradients: bool | NodeGradients = True,
     ) -> tf.Tensor:  # fmt: skip
         """New edge latents [rows, L_e] of any rows of the edges, from their latents, their
-        ``edge_term``, ``node_terms`` (whole, [N, H] each) and the rows' endpoints; without
-        ``node_gradients``, no gradient flows to the node terms (``segments.gather_sum``)."""
+        ``edge_term``, ``node_terms`` (whole, [N, H] each) and the rows' endpoints;
+        ``node_gradients`` as ``segments.gather_sum``'s."""
         terms = (edge_term, edges @ self._first_layer_blocks()["e"])
         # The gathers, the sum and a ReLU in one pass.
         relu = self._config.activation == "relu"

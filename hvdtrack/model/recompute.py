@@ -21,9 +21,10 @@ but the incoming gradients and the encoded edges' gradient sum.
 
 The backward pass differentiates the rows (``tf.GradientTape``) one chunk at a time. The
 gathered node rows' gradients, in the factorized update those of the term every step shares
-(``e_enc @ W_e_enc + b``), are added per node in place (``segments.segment_add``), never through
-the gathers' own gradients; each chunk loop carries weight-gradient sums for the variables its
-rows read only.
+(``e_enc @ W_e_enc + b``), are added per node in place, never through the gathers' own
+gradients: by the gather's gradient kernel as it makes that term's (``segments.NodeGradients``),
+else by ``segments.segment_add``; each chunk loop carries weight-gradient sums for the variables
+its rows read only.
 
 ``offload`` keeps the boundaries in host memory between the passes (``/CPU:0`` copies made in
 the forward pass, copied back in the backward pass): on a GPU that frees its memory of every
@@ -44,7 +45,7 @@ from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from hvdtrack.model.segments import gather_sum, segment_add, segment_sum
+from hvdtrack.model.segments import NodeGradients, gather_sum, segment_add, segment_sum
 
 NONE = tf.UnconnectedGradients.NONE
 
@@ -59,13 +60,15 @@ class StepParts:
       edge_term: encoded edge rows -> T rows, the part of the edge rows' input that every step
         shares (the factorized update's ``e_enc @ W_e_enc + b``); None: T is the encoded
         edges themselves.
-      edge_rows: (e, T, R, S, receivers, senders) -> new edge latents, for any rows of the
-        edges (e, T and the rows' endpoints; R and S whole, gathered inside).
+      edge_rows: (e, T, R, S, receivers, senders, node_gradients) -> new edge latents, for
+        any rows of the edges (e, T and the rows' endpoints; R and S whole, gathered inside);
+        node_gradients as ``segments.gather_sum``'s (False in the forward pass; with
+        ``summed``, the backward pass gives a ``NodeGradients`` to add R's and S's onto).
       head_rows: new edge latents -> logits [rows], for any rows.
       node_rows: (received sums, sent sums, x, xe) -> new node latents [N, L_n].
       summed: ``edge_rows`` adds the gathered rows of R and S to T (the factorized update), so
-        their gradients are T's: the backward pass takes them from T's, not through the
-        gathers.
+        their gradients are T's: the gather's gradient kernel sums them per node onto the
+        backward pass's sums as it makes T's (``node_gradients``), not through the gathers.
     """
 
     node_terms: Callable
@@ -329,7 +332,7 @@ def _forward(graph: _Edges, x, e, xe, ee, output: bool, final: bool):
     r, s = parts.node_terms(x, xe)
 
     def edge_chunk(e_c, ee_c, recv_c, send_c):
-        new = parts.edge_rows(e_c, graph.term(ee_c), r, s, recv_c, send_c)
+        new = parts.edge_rows(e_c, graph.term(ee_c), r, s, recv_c, send_c, False)
         return (new, parts.head_rows(new)) if output else (new,)
 
     new_edges, *logits = map_chunks(edge_chunk, [e, ee, receivers, senders], graph.chunk)
@@ -384,9 +387,9 @@ def _backward(graph: _Edges, x, e, sums, xe, ee, variables, step, g_in, g_logits
     if own:
         input_sums = (segment_sum(e, receivers, num_nodes), segment_sum(e, senders, num_nodes))
 
-    def rows_and_head(e_c, ee_c, recv_c, send_c):
+    def rows_and_head(e_c, ee_c, recv_c, send_c, onto=False):
         t_c = graph.term(ee_c)
-        new = parts.edge_rows(e_c, t_c, r, s, recv_c, send_c)
+        new = parts.edge_rows(e_c, t_c, r, s, recv_c, send_c, onto)
         return t_c, [new, parts.head_rows(new)] if output else [new]
 
     read = _read_by(rows_and_head, variables, e[:0], ee[:0], receivers[:0], senders[:0])
@@ -405,17 +408,20 @@ def _backward(graph: _Edges, x, e, sums, xe, ee, variables, step, g_in, g_logits
         if g_received is not None:  # plus the gradients of the node sums, gathered
             both = (g_new, tf.zeros_like(g_new))
             g_new = gather_sum(both, (g_received, g_sent), recv_c, send_c, relu=False)
+        # The gathered rows' gradients (``summed``: T's, before T's own term) are added onto
+        # the loop's sums by the gradient kernel of the gather, which makes T's.
+        onto = NodeGradients(g_r, g_s) if parts.summed else False
         with tf.GradientTape() as tape:
             tape.watch([e_c, ee_c, *nodes])
-            t_c, targets = rows_and_head(e_c, ee_c, recv_c, send_c)
-            tape.watch(t_c)  # T's gradient: also the gathered rows' (``summed``)
+            t_c, targets = rows_and_head(e_c, ee_c, recv_c, send_c, onto)
+            tape.watch(t_c)
         upstream = [g_new, graph.rows(i, g_logits)[0]][: len(targets)]
         # With ``edge_term`` None, t_c is ee_c listed twice: each entry gets the whole gradient.
         sources = [e_c, ee_c, t_c, *nodes]
         grads = tape.gradient(targets, [*sources, *read], upstream, NONE)
         g_e_c, g_ee_c, g_t_c = (_or_zeros(g, like) for g, like in zip(grads[:3], sources))
-        if parts.summed:  # the gathered rows' gradients are T's
-            g_r, g_s = segment_add(g_r, g_t_c, recv_c), segment_add(g_s, g_t_c, send_c)
+        if parts.summed:
+            g_r, g_s = onto.receiver, onto.sender
         else:  # the gathers' (IndexedSlices: the rows' gradients and their node ids)
             g_r, g_s = (_add_rows(a, g) for a, g in zip((g_r, g_s), grads[3:5]))
         g_w = [_or_zeros(g, v) for g, v in zip(grads[len(sources) :], read)]

@@ -22,15 +22,19 @@
 //       ascending edge order onto its old value, at any thread count, as above.
 //
 //   HvdtrackGatherSumGrad(upstream [E, W], mask uint8 [E, ceil(W / 8) or 0], receivers int32 [E],
-//                         senders int32 [E], num_nodes int32 N; relu: bool)
+//                         senders int32 [E], num_nodes int32 N, receiver_sums_in [N or 0, W],
+//                         sender_sums_in [N or 0, W]; relu: bool)
 //       -> (edges [E, W], receiver_sums [N, W], sender_sums [N, W])
 //       HvdtrackGatherSum's gradient from its mask (not its output, which the backward pass
 //       then need not keep): edges = upstream * (bit set) with relu (TensorFlow's ReluGrad on
 //       the output), else upstream, in upstream's buffer when TensorFlow can hand it over, and
-//       its HvdtrackSegmentSum per receiver and per sender. With one thread it is one pass over
-//       the edges (ReluGrad and the two sums were three, each reading [E, W] again); with more,
-//       the mask runs in blocks of edges on the threads and then the sums as above. The sums
-//       are those of HvdtrackSegmentSum bit for bit.
+//       its HvdtrackSegmentSum per receiver and per sender, added onto the *_sums_in given
+//       ([N, W]: as HvdtrackSegmentAdd, in their buffers when handed over; the backward pass
+//       of model.recompute adds chunk after chunk of edges into one pair) or onto zeros
+//       ([0, W]). With one thread it is one pass over the edges (ReluGrad and the two sums
+//       were three, each reading [E, W] again); with more, the mask runs in blocks of edges on
+//       the threads and then the sums as above. The sums are those of HvdtrackSegmentSum
+//       (HvdtrackSegmentAdd) bit for bit.
 //
 // Built with the other kernels into the one library by hvdtrack/model/kernels.py.
 
@@ -94,6 +98,8 @@ REGISTER_OP("HvdtrackGatherSumGrad")
     .Input("receivers: int32")
     .Input("senders: int32")
     .Input("num_nodes: int32")
+    .Input("receiver_sums_in: float")
+    .Input("sender_sums_in: float")
     .Attr("relu: bool")
     .Output("edges: float")
     .Output("receiver_sums: float")
@@ -105,6 +111,9 @@ REGISTER_OP("HvdtrackGatherSumGrad")
       TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &recv));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &send));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 0, &scalar));
+      ShapeHandle sums_in;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(5), 2, &sums_in));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(6), 2, &sums_in));
       DimensionHandle edges, nodes;
       TF_RETURN_IF_ERROR(c->Merge(c->Dim(upstream, 0), c->Dim(recv, 0), &edges));
       TF_RETURN_IF_ERROR(c->Merge(edges, c->Dim(send, 0), &edges));
@@ -284,12 +293,34 @@ class GatherSumGradOp : public OpKernel {
     OP_REQUIRES_OK(context,
                    CheckEdges("HvdtrackGatherSumGrad: senders", upstream, senders, nodes));
     const int64 edges = upstream.dim_size(0), width = upstream.dim_size(1);
-    Tensor *grad, *receiver_sums, *sender_sums;
+    const TensorShape sums_shape({nodes, width});
+    bool onto[2];
+    for (int i = 0; i < 2; ++i) {
+      const Tensor& in = context->input(5 + i);
+      onto[i] = in.shape() == sums_shape;
+      OP_REQUIRES(context, onto[i] || in.shape() == TensorShape({0, width}),
+                  ::tensorflow::errors::InvalidArgument(
+                      "HvdtrackGatherSumGrad: ", i == 0 ? "receiver" : "sender",
+                      "_sums_in must be [num_nodes, width] = ", sums_shape.DebugString(),
+                      " or [0, width], got ", in.shape().DebugString()));
+    }
+    Tensor *grad, *sums[2];
     OP_REQUIRES_OK(context,
                    context->forward_input_or_allocate_output({0}, 0, upstream.shape(), &grad));
-    const TensorShape sums_shape({nodes, width});
-    OP_REQUIRES_OK(context, context->allocate_output(1, sums_shape, &receiver_sums));
-    OP_REQUIRES_OK(context, context->allocate_output(2, sums_shape, &sender_sums));
+    for (int i = 0; i < 2; ++i) {
+      const Tensor& in = context->input(5 + i);
+      if (!onto[i]) {
+        OP_REQUIRES_OK(context, context->allocate_output(1 + i, sums_shape, &sums[i]));
+        std::fill_n(sums[i]->flat<float>().data(), nodes * width, 0.f);
+        continue;
+      }
+      OP_REQUIRES_OK(context, context->forward_input_or_allocate_output({5 + i}, 1 + i,
+                                                                        sums_shape, &sums[i]));
+      if (sums[i]->flat<float>().data() != in.flat<float>().data()) {  // not handed over
+        std::copy_n(in.flat<float>().data(), nodes * width, sums[i]->flat<float>().data());
+      }
+    }
+    Tensor *receiver_sums = sums[0], *sender_sums = sums[1];
     const float* up = upstream.flat<float>().data();
     const uint8_t* bits = mask.flat<uint8_t>().data();
     float* gp = grad->flat<float>().data();
@@ -300,8 +331,6 @@ class GatherSumGradOp : public OpKernel {
       // in ascending edge order (HvdtrackSegmentSum's order).
       float* rp = receiver_sums->flat<float>().data();
       float* sp = sender_sums->flat<float>().data();
-      std::fill(rp, rp + nodes * width, 0.f);
-      std::fill(sp, sp + nodes * width, 0.f);
       const int32_t* recv = receivers.flat<int32_t>().data();
       const int32_t* send = senders.flat<int32_t>().data();
       for (int64 e = 0; e < edges; ++e) {
@@ -332,8 +361,8 @@ class GatherSumGradOp : public OpKernel {
             std::copy(up + first * width, up + last * width, gp + first * width);
           }
         });
-    AddSegments(context, *grad, receivers, /*zero_first=*/true, receiver_sums);
-    AddSegments(context, *grad, senders, /*zero_first=*/true, sender_sums);
+    AddSegments(context, *grad, receivers, /*zero_first=*/false, receiver_sums);
+    AddSegments(context, *grad, senders, /*zero_first=*/false, sender_sums);
   }
 
  private:

@@ -8,7 +8,7 @@ pass over the edges). On CPU both run on the kernel library (``segment_sum.cc``,
 ``segment_add`` adds a chunk of edges' sums into an existing [N, width] accumulator (in place
 on CPU), for the backward pass of ``model.recompute``.
 
-Public symbols: ``segment_sum``, ``segment_add``, ``gather_sum``.
+Public symbols: ``segment_sum``, ``segment_add``, ``gather_sum``, ``NodeGradients``.
 """
 
 from __future__ import annotations
@@ -85,13 +85,23 @@ def segment_add(sums: tf.Tensor, values: tf.Tensor, segment_ids: tf.Tensor) -> t
     return sums + tf.math.unsorted_segment_sum(values, segment_ids, tf.shape(sums)[0])
 
 
+class NodeGradients:
+    """What ``gather_sum``'s backward pass adds its node terms' gradients onto, instead of
+    returning them: ``receiver`` and ``sender`` sums [N, width] (in place on CPU). After the
+    tape's gradient call they are the sums with this call's gradients added; read them from
+    here only (the tensors given are consumed)."""
+
+    def __init__(self, receiver: tf.Tensor, sender: tf.Tensor):
+        self.receiver, self.sender = receiver, sender
+
+
 def gather_sum(
     edge_terms: tuple[tf.Tensor, tf.Tensor],
     node_terms: tuple[tf.Tensor, tf.Tensor],
     receivers: tf.Tensor,
     senders: tf.Tensor,
     relu: bool,
-    node_gradients: bool = True,
+    node_gradients: bool | NodeGradients = True,
 ) -> tf.Tensor:
     """``relu((a + b) + r[receivers] + s[senders])`` (without ``relu``: the sum), whose
     gradients are the upstream (through the ReLU) for a and b and its ``segment_sum`` per
@@ -107,9 +117,11 @@ def gather_sum(
       node_terms: (r, s), float [N, width] each (one N: the same nodes' terms).
       receivers, senders: int32 [E], each in [0, N).
       relu: apply the ReLU.
-      node_gradients: give r and s their gradients. Without, None: for a caller that sums
-        them itself (``model.recompute``'s chunks, which would otherwise get two [N, width]
-        sums per chunk from the one kernel).
+      node_gradients: give r and s their gradients. False: None, the forward pass of a
+        caller that takes no gradient. A ``NodeGradients``: None, and the gradients are added
+        onto its sums instead, in the same kernel (``model.recompute``'s chunks, which sum
+        them over chunks of edges: two fresh [N, width] sums per chunk would cost more than
+        the chunk).
 
     Returns:
       [E, width] in the terms' dtype.
@@ -131,22 +143,28 @@ def gather_sum(
             out = tf.nn.relu(out) if relu else out
 
         def grad(upstream):
-            if not node_gradients:
-                g = tf.raw_ops.ReluGrad(gradients=upstream, features=out) if relu else upstream
-                return g, g, None, None
-            if kernels:  # the ReLU's gradient and both sums in one kernel, from the mask
-                count = tf.shape(r)[0]
+            onto = node_gradients if isinstance(node_gradients, NodeGradients) else None
+            if kernels and node_gradients is not False:
+                # the ReLU's gradient and both sums in one kernel, from the mask
+                empty = tf.zeros([0, r.shape[-1]], r.dtype)
+                sums = (onto.receiver, onto.sender) if onto else (empty, empty)
                 g, d_r, d_s = kernels.hvdtrack_gather_sum_grad(
-                    upstream, mask, receivers, senders, count, relu=relu
+                    upstream, mask, receivers, senders, tf.shape(r)[0], *sums, relu=relu
                 )
-                return g, g, d_r, d_s
-            g = tf.raw_ops.ReluGrad(gradients=upstream, features=out) if relu else upstream
-            return (
-                g,
-                g,
-                segment_sum(g, receivers, tf.shape(r)[0]),
-                segment_sum(g, senders, tf.shape(s)[0]),
-            )
+            else:
+                g = tf.raw_ops.ReluGrad(gradients=upstream, features=out) if relu else upstream
+                if node_gradients is False:
+                    return g, g, None, None
+                if onto:
+                    d_r = segment_add(onto.receiver, g, receivers)
+                    d_s = segment_add(onto.sender, g, senders)
+                else:
+                    count = tf.shape(r)[0]
+                    d_r, d_s = segment_sum(g, receivers, count), segment_sum(g, senders, count)
+            if onto:
+                onto.receiver, onto.sender = d_r, d_s
+                return g, g, None, None
+            return g, g, d_r, d_s
 
         return out, grad
 

@@ -195,11 +195,22 @@ upstream = tf.constant(rng.standard_normal((100000, 64)) * scale, tf.float32)
 out = tf.constant(np.maximum(rng.standard_normal((100000, 64)), 0), tf.float32)
 recv, send = (tf.constant(rng.integers(0, 12000, 100000), tf.int32) for _ in range(2))
 kernels = fused_kernels()
+empty = tf.zeros([0, 64])
+start_r, start_s = (tf.constant(rng.standard_normal((12000, 64)), tf.float32) for _ in range(2))
 for relu in (True, False):
     mask = kernels.hvdtrack_relu_mask(out) if relu else tf.zeros([100000, 0], tf.uint8)
-    grads = kernels.hvdtrack_gather_sum_grad(upstream, mask, recv, send, 12000, relu=relu)
+    grads = kernels.hvdtrack_gather_sum_grad(
+        upstream, mask, recv, send, 12000, empty, empty, relu=relu
+    )
     theirs = [tf.raw_ops.ReluGrad(gradients=upstream, features=out) if relu else upstream]
     theirs += [tf.math.unsorted_segment_sum(theirs[0], ids, 12000) for ids in (recv, send)]
+    # onto sums given: HvdtrackSegmentAdd's bits (each row's edges in order onto its value)
+    onto = kernels.hvdtrack_gather_sum_grad(
+        upstream, mask, recv, send, 12000, start_r, start_s, relu=relu
+    )
+    theirs += [theirs[0]]
+    theirs += [kernels.hvdtrack_segment_add(a, theirs[0], i) for a, i in ((start_r, recv), (start_s, send))]
+    grads = [*grads, *onto]
     for ours, want in zip(grads, theirs):
         np.testing.assert_array_equal(ours.numpy(), want.numpy())
     print(hashlib.sha256(b"".join(g.numpy().tobytes() for g in grads)).hexdigest())
@@ -217,16 +228,28 @@ def test_the_gradient_kernel_by_hand_and_its_errors(kernels):
     upstream = tf.constant([[1.0, -2.0], [3.0, float("nan")], [-5.0, 6.0]])
     mask = kernels.hvdtrack_relu_mask(tf.constant([[0.5, 0.0], [1.0, 2.0], [0.0, 0.0]]))
     recv, send = tf.constant([1, 0, 1]), tf.constant([0, 0, 2])
-    grad, d_r, d_s = kernels.hvdtrack_gather_sum_grad(upstream, mask, recv, send, 3, relu=True)
+    empty = tf.zeros([0, 2])
+    grad, d_r, d_s = kernels.hvdtrack_gather_sum_grad(
+        upstream, mask, recv, send, 3, empty, empty, relu=True
+    )
     expected = np.array([[1.0, -0.0], [3.0, np.nan], [-0.0, 0.0]], np.float32)
     np.testing.assert_array_equal(grad.numpy(), expected)
     assert np.signbit(grad.numpy()[0, 1]) and np.signbit(grad.numpy()[2, 0])  # -2 * 0, -5 * 0
     np.testing.assert_array_equal(d_r.numpy(), [[3.0, np.nan], [1.0, 0.0], [0.0, 0.0]])
     np.testing.assert_array_equal(d_s.numpy(), [[4.0, np.nan], [0.0, 0.0], [0.0, 0.0]])
+    # onto sums given: the same rows added to them
+    start = tf.constant([[10.0, 20.0], [30.0, 40.0], [50.0, 60.0]])
+    _, d_r, d_s = kernels.hvdtrack_gather_sum_grad(
+        upstream, mask, recv, send, 3, start, start, relu=True
+    )
+    np.testing.assert_array_equal(d_r.numpy(), [[13.0, np.nan], [31.0, 40.0], [50.0, 60.0]])
+    np.testing.assert_array_equal(d_s.numpy(), [[14.0, np.nan], [30.0, 40.0], [50.0, 60.0]])
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"senders: segment_ids\[2\] = 2 "):
-        kernels.hvdtrack_gather_sum_grad(upstream, mask, recv, send, 2, relu=True)
+        kernels.hvdtrack_gather_sum_grad(upstream, mask, recv, send, 2, empty, empty, relu=True)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"mask \[edges, 1\], got"):
-        kernels.hvdtrack_gather_sum_grad(upstream, mask[:2], recv, send, 3, relu=True)
+        kernels.hvdtrack_gather_sum_grad(upstream, mask[:2], recv, send, 3, empty, empty, relu=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"sender_sums_in must be \[num_"):
+        kernels.hvdtrack_gather_sum_grad(upstream, mask, recv, send, 3, start, start[:2], relu=True)
 
 
 def test_without_node_gradients_the_node_terms_get_none_and_the_edges_theirs(kernels):
@@ -242,3 +265,32 @@ def test_without_node_gradients_the_node_terms_get_none_and_the_edges_theirs(ker
     assert grads[1][2] is None and grads[1][3] is None
     for with_nodes, without in zip(grads[0][:2], grads[1][:2]):
         np.testing.assert_array_equal(with_nodes.numpy(), without.numpy())
+
+
+@pytest.mark.parametrize("with_kernels", [True, False])
+def test_node_gradients_added_onto_given_sums(monkeypatch, with_kernels):
+    # what recompute's chunks do: the node terms' gradients go onto the loop's sums, r and s
+    # get none, the edge terms theirs
+    rng = np.random.default_rng(9)
+    a, b, r, s, receivers, senders = _random_case(rng, 300, 40, 8)
+    start_r, start_s = (tf.constant(rng.standard_normal((40, 8)), tf.float32) for _ in range(2))
+    if not with_kernels:
+        monkeypatch.setattr(segments_module, "fused_kernels", lambda: None)
+    grads = []
+    onto = segments_module.NodeGradients(start_r, start_s)
+    for node_gradients in (True, onto):
+        with tf.GradientTape() as tape:
+            tape.watch([a, b, r, s])
+            out = gather_sum((a, b), (r, s), receivers, senders, True, node_gradients)
+            loss = tf.reduce_sum(out * out)
+        grads.append(tape.gradient(loss, [a, b, r, s]))
+    assert grads[1][2] is None and grads[1][3] is None
+    for with_nodes, onto_sums in zip(grads[0][:2], grads[1][:2]):
+        np.testing.assert_array_equal(with_nodes.numpy(), onto_sums.numpy())
+    for sums, start, whole in (
+        (onto.receiver, start_r, grads[0][2]),
+        (onto.sender, start_s, grads[0][3]),
+    ):
+        np.testing.assert_allclose(
+            sums.numpy(), start.numpy() + whole.numpy(), rtol=1e-5, atol=1e-3
+        )
