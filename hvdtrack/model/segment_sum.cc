@@ -33,8 +33,8 @@
 //       of model.recompute adds chunk after chunk of edges into one pair) or onto zeros
 //       ([0, W]). With one thread it is one pass over the edges (ReluGrad and the two sums
 //       were three, each reading [E, W] again); with more, the mask runs in blocks of edges on
-//       the threads and then the sums as above. The sums are those of HvdtrackSegmentSum
-//       (HvdtrackSegmentAdd) bit for bit.
+//       the threads, then the sums: on two threads one per thread, in edge order; on more as
+//       above. The sums are those of HvdtrackSegmentSum (HvdtrackSegmentAdd) bit for bit.
 //
 // Built with the other kernels into the one library by hvdtrack/model/kernels.py.
 
@@ -158,6 +158,14 @@ Status CheckEdges(const char* name, const Tensor& values, const Tensor& segment_
   return Status();
 }
 
+// sums[ids[e]] += values[e] for edges e in ascending order, on the calling thread.
+void AddInOrder(const float* vp, const int32_t* ids, int64 edges, int64 width, float* sp) {
+  for (int64 e = 0; e < edges; ++e) {
+    if (e + kPrefetchRows < edges) Prefetch(sp + ids[e + kPrefetchRows] * width, width);
+    AddRow(vp + e * width, sp + ids[e] * width, width);
+  }
+}
+
 // sums[ids[e]] += values[e] for every edge e, each row's edges in ascending order. With
 // zero_first each row is set to zeros first (in the same pass, so that the threads write it).
 void AddSegments(OpKernelContext* context, const Tensor& values, const Tensor& segment_ids,
@@ -174,10 +182,7 @@ void AddSegments(OpKernelContext* context, const Tensor& values, const Tensor& s
     // One thread: TensorFlow's own loop, the values read once in order. Each row gets its
     // edges in ascending order too, so the sums are those of the blocks below.
     if (zero_first) std::fill(sp, sp + segments * width, 0.f);
-    for (int64 e = 0; e < edges; ++e) {
-      if (e + kPrefetchRows < edges) Prefetch(sp + ids[e + kPrefetchRows] * width, width);
-      AddRow(vp + e * width, sp + ids[e] * width, width);
-    }
+    AddInOrder(vp, ids, edges, width, sp);
     return;
   }
 
@@ -367,6 +372,20 @@ class GatherSumGradOp : public OpKernel {
             std::copy(up + first * width, up + last * width, gp + first * width);
           }
         });
+    if (workers->num_threads == 2) {
+      // Two threads: one adds the rows per receiver, the other per sender, each in ascending
+      // edge order as the one-thread pass does, without sorting the ids.
+      const int32_t* ids[2] = {receivers.flat<int32_t>().data(), senders.flat<int32_t>().data()};
+      float* sums_of[2] = {receiver_sums->flat<float>().data(),
+                           sender_sums->flat<float>().data()};
+      ::tensorflow::Shard(2, workers->workers, 2, edges * width * kCyclesPerFloat,
+                          [&](int64 begin, int64 end) {
+                            for (int64 k = begin; k < end; ++k) {
+                              AddInOrder(gp, ids[k], edges, width, sums_of[k]);
+                            }
+                          });
+      return;
+    }
     AddSegments(context, *grad, receivers, /*zero_first=*/false, receiver_sums);
     AddSegments(context, *grad, senders, /*zero_first=*/false, sender_sums);
   }
