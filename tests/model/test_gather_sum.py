@@ -252,11 +252,21 @@ def test_the_gradient_kernel_by_hand_and_its_errors(kernels):
         kernels.hvdtrack_gather_sum_grad(upstream, mask, recv, send, 3, start, start[:2], relu=True)
 
 
-def test_without_node_gradients_the_node_terms_get_none_and_the_edges_theirs(kernels):
+@pytest.mark.parametrize("with_kernels", [True, False])
+@pytest.mark.parametrize("onto_sums", [False, True])
+def test_without_node_gradients_the_node_terms_get_none_and_the_edges_theirs(
+    monkeypatch, with_kernels, onto_sums
+):
+    # False: a pass that takes no gradient of the node terms; a NodeGradients: recompute's
+    # chunks, whose node terms' gradients go onto the loop's sums instead
     rng = np.random.default_rng(8)
     a, b, r, s, receivers, senders = _random_case(rng, 300, 40, 8)
+    start_r, start_s = (tf.constant(rng.standard_normal((40, 8)), tf.float32) for _ in range(2))
+    if not with_kernels:
+        monkeypatch.setattr(segments_module, "fused_kernels", lambda: None)
+    onto = segments_module.NodeGradients(start_r, start_s) if onto_sums else False
     grads = []
-    for node_gradients in (True, False):
+    for node_gradients in (True, onto):
         with tf.GradientTape() as tape:
             tape.watch([a, b, r, s])
             out = gather_sum((a, b), (r, s), receivers, senders, True, node_gradients)
@@ -265,32 +275,11 @@ def test_without_node_gradients_the_node_terms_get_none_and_the_edges_theirs(ker
     assert grads[1][2] is None and grads[1][3] is None
     for with_nodes, without in zip(grads[0][:2], grads[1][:2]):
         np.testing.assert_array_equal(with_nodes.numpy(), without.numpy())
-
-
-@pytest.mark.parametrize("with_kernels", [True, False])
-def test_node_gradients_added_onto_given_sums(monkeypatch, with_kernels):
-    # what recompute's chunks do: the node terms' gradients go onto the loop's sums, r and s
-    # get none, the edge terms theirs
-    rng = np.random.default_rng(9)
-    a, b, r, s, receivers, senders = _random_case(rng, 300, 40, 8)
-    start_r, start_s = (tf.constant(rng.standard_normal((40, 8)), tf.float32) for _ in range(2))
-    if not with_kernels:
-        monkeypatch.setattr(segments_module, "fused_kernels", lambda: None)
-    grads = []
-    onto = segments_module.NodeGradients(start_r, start_s)
-    for node_gradients in (True, onto):
-        with tf.GradientTape() as tape:
-            tape.watch([a, b, r, s])
-            out = gather_sum((a, b), (r, s), receivers, senders, True, node_gradients)
-            loss = tf.reduce_sum(out * out)
-        grads.append(tape.gradient(loss, [a, b, r, s]))
-    assert grads[1][2] is None and grads[1][3] is None
-    for with_nodes, onto_sums in zip(grads[0][:2], grads[1][:2]):
-        np.testing.assert_array_equal(with_nodes.numpy(), onto_sums.numpy())
-    for sums, start, whole in (
-        (onto.receiver, start_r, grads[0][2]),
-        (onto.sender, start_s, grads[0][3]),
-    ):
-        np.testing.assert_allclose(
-            sums.numpy(), start.numpy() + whole.numpy(), rtol=1e-5, atol=1e-3
-        )
+    if onto_sums:
+        for sums, start, whole in (
+            (onto.receiver, start_r, grads[0][2]),
+            (onto.sender, start_s, grads[0][3]),
+        ):
+            np.testing.assert_allclose(
+                sums.numpy(), start.numpy() + whole.numpy(), rtol=1e-5, atol=1e-3
+            )
