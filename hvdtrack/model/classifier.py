@@ -36,22 +36,19 @@ import tensorflow as tf
 from graph_nets import blocks
 from graph_nets.graphs import GraphsTuple
 
+from hvdtrack.model.chunks import auto_chunk_edges
 from hvdtrack.model.config import ModelConfig
 from hvdtrack.model.head import lean_head
 from hvdtrack.model.mlp import (
     ACTIVATIONS,
     LinearStack,
+    kept_for,
     linear_freeing_input,
     linear_norm,
     make_mlp,
 )
-from hvdtrack.model.norm import LayerNorm
-from hvdtrack.model.recompute import (
-    StepParts,
-    auto_chunk_edges,
-    recomputed_rows,
-    recomputed_steps,
-)
+from hvdtrack.model.norm import LayerNorm, NormOutput
+from hvdtrack.model.recompute import StepParts, recomputed_rows, recomputed_steps
 from hvdtrack.model.segments import NodeGradients, gather_sum, segment_sum
 
 # The sub-modules holding variables, in data-flow order; variable names start with these.
@@ -293,12 +290,13 @@ class SegmentClassifier(snt.Module):
             core = tf.concat([xe, x], axis=-1)
             return core, tf.identity(core)  # two tensors: each gets its own gradient
 
-        def edge_rows(e, t, receiver_terms, sender_terms, receivers, senders, onto):
+        def edge_rows(e, t, receiver_terms, sender_terms, receivers, senders, onto, kept):
             # t: rows of the edge term (factorized), else of the encoded edges (StepParts);
-            # onto: where the node terms' gradients are added per node (factorized)
+            # onto: where the node terms' gradients are added per node (factorized); kept:
+            # the last layer norm's output, kept (StepParts.keeps_norm)
             if factorized:
                 return self._edge_update.rows(
-                    e, t, receiver_terms, sender_terms, receivers, senders, node_gradients=onto
+                    e, t, receiver_terms, sender_terms, receivers, senders, onto, kept
                 )
             receiver_rows = tf.gather(receiver_terms, receivers)
             return self._edge_update.rows(t, e, receiver_rows, tf.gather(sender_terms, senders))
@@ -318,6 +316,7 @@ class SegmentClassifier(snt.Module):
             None if config.keep_edge_term else edge_term,
             *map(compute_dtype, (edge_rows, head_rows, node_rows)),
             summed=factorized,
+            keeps_norm=config.keep_edge_term and self._edge_update.keeps_norm(dtype),
         )
         steps = config.num_message_passing_steps
         wanted = [config.output_every_step or step == steps - 1 for step in range(steps)]
@@ -402,27 +401,33 @@ class FactorizedEdgeUpdate(snt.Module):
     def rows(
         self, edges: tf.Tensor, edge_term: tf.Tensor, receiver_terms: tf.Tensor,
         sender_terms: tf.Tensor, receivers: tf.Tensor, senders: tf.Tensor,
-        node_gradients: bool | NodeGradients = True,
-    ) -> tf.Tensor:  # fmt: skip
+        node_gradients: bool | NodeGradients = True, kept: bool | NormOutput = False,
+    ) -> tf.Tensor | NormOutput:  # fmt: skip
         """New edge latents [rows, L_e] of any rows of the edges, from their latents, their
         ``edge_term``, ``node_terms`` (whole, [N, H] each) and the rows' endpoints;
-        ``node_gradients`` as ``segments.gather_sum``'s."""
+        ``node_gradients`` as ``segments.gather_sum``'s; ``kept`` (``keeps_norm``) as
+        ``mlp.linear_norm``'s, for the last layer and its norm."""
         terms = (edge_term, edges @ self._first_layer_blocks()["e"])
         # The gathers, the sum and a ReLU in one pass.
         relu = self._config.activation == "relu"
         h = gather_sum(
             terms, (receiver_terms, sender_terms), receivers, senders, relu, node_gradients
         )
-        return self._rest(h if relu else self._activation(h))
+        return self._rest(h if relu else self._activation(h), kept)
 
-    def _rest(self, h: tf.Tensor) -> tf.Tensor:
+    def keeps_norm(self, dtype: tf.DType) -> bool:
+        """Whether ``rows`` in ``dtype`` can keep its last layer norm's output (``kept``): the
+        last layer and the norm run as ``mlp.linear_norm``'s kernels."""
+        return self._relu_in_norm and kept_for(tf.zeros([0, 1], dtype), self._norm)
+
+    def _rest(self, h: tf.Tensor, kept: bool | NormOutput = False) -> tf.Tensor | NormOutput:
         """The layers after the first, on its activated output ``h`` [rows, H]."""
         count = len(self._mlp.layers)
         for i, layer in enumerate(self._mlp.layers[1:], start=2):
             # The first layer's output is read by this product only (its gradient takes the
             # ReLU's mask from the gather-sum kernel): freed before its gradient exists.
             if i == count and self._relu_in_norm:  # the bias's gradient from the layer norm's
-                return linear_norm(h, *layer.weights(h), self._norm)
+                return linear_norm(h, *layer.weights(h), self._norm, kept)
             h = linear_freeing_input(h, *layer.weights(h)) if i == 2 else layer(h)
             h = self._activation(h)
         return h if self._norm is None else self._norm(h)

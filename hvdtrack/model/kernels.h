@@ -1,7 +1,7 @@
 // What the kernel library's sources share: TensorFlow's headers and names, a prefetch of rows
 // gathered out of memory order, and ReLU masks of one bit per element (made from a row, and
-// applied to a row of gradients). Included by layer_norm.cc, segment_sum.cc and
-// gather_sum.cc; hvdtrack/model/kernels.py builds them into one library (and hashes this file
+// applied to a row of gradients). Included by layer_norm.cc, segment_sum.cc,
+// gather_sum.cc and rows.cc; hvdtrack/model/kernels.py builds them into one library (and hashes this file
 // with them into the cached library's name).
 
 #ifndef HVDTRACK_MODEL_KERNELS_H_
@@ -29,6 +29,7 @@ using ::tensorflow::OpKernelContext;
 using ::tensorflow::Status;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
+using ::tensorflow::TensorShapeUtils;
 using ::tensorflow::int64;
 using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;

@@ -3,7 +3,7 @@ the bias added by ``tf.nn.bias_add``, so that grappler fuses matmul, bias and Re
 kernel, and a final ReLU before a layer norm taken into the layer norm (``norm.LayerNorm``).
 
 Public symbols: ``ACTIVATIONS``, ``make_mlp``, ``FusedLinear``, ``FusedMLP``, ``LinearStack``,
-``linear_freeing_input``, ``linear_norm``.
+``linear_freeing_input``, ``linear_norm``, ``kept_for``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sonnet as snt
 import tensorflow as tf
 
 from hvdtrack.model.config import ACTIVATION_NAMES, ModelConfig
-from hvdtrack.model.norm import LayerNorm
+from hvdtrack.model.norm import LayerNorm, NormOutput
 
 ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
     "relu": tf.nn.relu,
@@ -197,17 +197,28 @@ def linear_freeing_input(x, w, b):
     return linear(x, w, b)
 
 
-def linear_norm(x, w, b, norm: LayerNorm):
+def linear_norm(x, w, b, norm: LayerNorm, kept: bool | NormOutput = False):
     """``norm(x @ w + b)`` with ``linear_freeing_input``'s order of gradients, in one backward
-    pass where the layer norm's kernels run (float32): their gradient kernel also sums the
-    product's gradient per column, which is b's, so no ``BiasAddGrad`` reads [rows, width]
-    again."""
-    if not (norm.fused_for(x) and x.dtype == tf.float32):
+    pass where the layer norm's kernels run (``kept_for(x, norm)``): their gradient kernel
+    also sums the product's gradient per column, which is b's, so no ``BiasAddGrad`` reads
+    [rows, width] again.
+
+    ``kept`` (where the kernels run): True, the forward pass alone, returning the
+    ``NormOutput`` (no gradient); a ``NormOutput`` kept from such a pass on the same rows and
+    weights: its y, whose backward pass reads it instead of computing the product and the
+    norm again (a recomputed step's backward pass, ``recompute``)."""
+    if not kept_for(x, norm):
         return norm(linear_freeing_input(x, w, b))
+    if kept is True:
+        return norm.kernel_output(tf.nn.bias_add(x @ w, b), *norm.parameters(w.shape[-1]))
 
     @tf.custom_gradient
     def layer(x, w, b, scale, offset):
-        y, backward = norm.kernel_pass(tf.nn.bias_add(x @ w, b), scale, offset)
+        if kept is False:
+            y, backward = norm.kernel_pass(tf.nn.bias_add(x @ w, b), scale, offset)
+        else:
+            y = tf.identity(kept.y)
+            backward = norm.backward_from(kept, scale, offset, lambda: tf.nn.bias_add(x @ w, b))
 
         def grad(d_y):
             d_z, d_scale, d_offset, d_b = backward(d_y)
@@ -216,6 +227,12 @@ def linear_norm(x, w, b, norm: LayerNorm):
         return y, grad
 
     return layer(x, w, b, *norm.parameters(w.shape[-1]))
+
+
+def kept_for(x: tf.Tensor, norm: LayerNorm) -> bool:
+    """Whether ``linear_norm`` on x runs the layer norm's kernels (and can keep its output):
+    they are loaded, x is [rows, width] float32."""
+    return norm.fused_for(x) and x.dtype == tf.float32
 
 
 def _weight_first(x, w, d_out):

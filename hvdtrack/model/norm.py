@@ -9,15 +9,33 @@ docs/performance.md). The same maths in TensorFlow ops (``_layer_norm_ops``) run
 ``HVDTRACK_FUSED_OPS=0``, and in functions traced under ``kernels.plain_ops()``. Both give the
 same values to float32 rounding (tests/model/test_layer_norm.py).
 
-Public symbols: ``LayerNorm``.
+Public symbols: ``LayerNorm``, ``NormOutput``.
 """
 
 from __future__ import annotations
+
+from typing import Callable, NamedTuple
 
 import sonnet as snt
 import tensorflow as tf
 
 from hvdtrack.model.kernels import fused_kernels
+
+# ``layer_norm.cc``'s rule for reading the normalised input back from the output: every column
+# with a scale of at least MIN_SCALE in size and an offset at most MAX_OFFSET_RATIO times it.
+MIN_SCALE = 1e-20
+MAX_OFFSET_RATIO = 16.0
+
+
+class NormOutput(NamedTuple):
+    """A fused layer norm's output y [rows, width] with what its backward pass reads besides
+    y and the parameters: per row mean and rstd [rows], and the ReLU's mask (uint8 [rows,
+    ceil(width / 8)] with ``relu``, else [rows, 0]). Rows of it are the same rows' norm."""
+
+    y: tf.Tensor
+    mean: tf.Tensor
+    rstd: tf.Tensor
+    mask: tf.Tensor
 
 
 class LayerNorm(snt.Module):
@@ -56,6 +74,36 @@ class LayerNorm(snt.Module):
         custom gradient (``mlp.linear_norm``); ``__call__`` records the gradient itself."""
         return _kernel_pass(fused_kernels(), x, scale, offset, self.eps, self.relu)
 
+    def kernel_output(self, x: tf.Tensor, scale: tf.Tensor, offset: tf.Tensor) -> NormOutput:
+        """The forward kernel on float32 x (``fused_for(x)``), no gradient recorded: its
+        output with what ``backward_from`` needs of it (a recomputed step keeps these)."""
+        y, mean, rstd, _, mask = fused_kernels().hvdtrack_layer_norm(
+            x, scale, offset, epsilon=self.eps, relu=self.relu
+        )
+        return NormOutput(y, mean, rstd, mask)
+
+    def backward_from(
+        self, kept: NormOutput, scale, offset, x: Callable[[], tf.Tensor]
+    ) -> Callable:
+        """``kernel_pass``'s backward (float32) from a kept ``kernel_output`` of the same
+        ``scale`` and ``offset``, without x: the normalised input comes back from y, or, where
+        ``layer_norm.cc``'s rule says y cannot give it back, from ``x()`` (computed again then,
+        in the backward pass)."""
+        kernels = fused_kernels()
+
+        def backward(upstream):
+            with tf.name_scope("layer_norm_grad"):
+                width = kept.y.shape[-1]
+                source = tf.cond(
+                    _invertible(scale, offset), lambda: tf.zeros([0, width]), x
+                )  # fmt: skip
+                return kernels.hvdtrack_layer_norm_grad(
+                    upstream, source, kept.y, kept.mask, scale, offset, kept.mean, kept.rstd,
+                    relu=self.relu,
+                )  # fmt: skip
+
+        return backward
+
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
         """float [rows, width] -> normalised per row (in float32), then scaled and offset per
         column, in the dtype of x."""
@@ -68,6 +116,13 @@ class LayerNorm(snt.Module):
         if x.dtype == tf.float32:
             return _layer_norm_ops(x, scale, offset, self.eps)
         return tf.cast(_layer_norm_ops(tf.cast(x, tf.float32), scale, offset, self.eps), x.dtype)
+
+
+def _invertible(scale: tf.Tensor, offset: tf.Tensor) -> tf.Tensor:
+    """Whether y = n * scale + offset gives n back to float32 rounding (``layer_norm.cc``'s
+    ``InvertibleFromOutput``; a NaN fails it)."""
+    size = tf.abs(scale)
+    return tf.reduce_all((size >= MIN_SCALE) & (tf.abs(offset) <= MAX_OFFSET_RATIO * size))
 
 
 def _layer_norm_fused(kernels, x, scale, offset, eps: float, relu: bool) -> tf.Tensor:

@@ -33,18 +33,20 @@ step but the one running; on a CPU the copies are the tensors themselves.
 ``recomputed_steps`` and ``recomputed_rows`` take the model's parts as callables (``StepParts``),
 so this module knows nothing of Sonnet or graph_nets.
 
-Public symbols: ``StepParts``, ``auto_chunk_edges``, ``map_chunks``, ``recomputed_rows``,
-``recomputed_steps``.
+The chunk loops are ``chunks``'.
+
+Public symbols: ``StepParts``, ``recomputed_rows``, ``recomputed_steps``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
+from hvdtrack.model.chunks import chunk_count, chunk_loop, empty_rows, map_chunks, write_rows
+from hvdtrack.model.norm import NormOutput
 from hvdtrack.model.segments import NodeGradients, gather_sum, segment_add, segment_sum
 
 NONE = tf.UnconnectedGradients.NONE
@@ -60,15 +62,20 @@ class StepParts:
       edge_term: encoded edge rows -> T rows, the part of the edge rows' input that every step
         shares (the factorized update's ``e_enc @ W_e_enc + b``); None: T is the encoded
         edges themselves.
-      edge_rows: (e, T, R, S, receivers, senders, node_gradients) -> new edge latents, for
-        any rows of the edges (e, T and the rows' endpoints; R and S whole, gathered inside);
-        node_gradients as ``segments.gather_sum``'s (False in the forward pass; with
-        ``summed``, the backward pass gives a ``NodeGradients`` to add R's and S's onto).
+      edge_rows: (e, T, R, S, receivers, senders, node_gradients, kept) -> new edge latents,
+        for any rows of the edges (e, T and the rows' endpoints; R and S whole, gathered
+        inside); node_gradients as ``segments.gather_sum``'s (False in the forward pass; with
+        ``summed``, the backward pass gives a ``NodeGradients`` to add R's and S's onto);
+        kept as ``mlp.linear_norm``'s (False unless ``keeps_norm``).
       head_rows: new edge latents -> logits [rows], for any rows.
       node_rows: (received sums, sent sums, x, xe) -> new node latents [N, L_n].
       summed: ``edge_rows`` adds the gathered rows of R and S to T (the factorized update), so
         their gradients are T's: the gather's gradient kernel sums them per node onto the
         backward pass's sums as it makes T's (``node_gradients``), not through the gathers.
+      keeps_norm: ``edge_rows`` ends in a layer norm whose output it can keep: with kept True
+        it returns a ``norm.NormOutput`` (the new latents and the norm's row statistics),
+        with kept such an output of the same rows it returns those latents, and its backward
+        pass reads them instead of computing its last layer and norm again.
     """
 
     node_terms: Callable
@@ -77,81 +84,7 @@ class StepParts:
     head_rows: Callable
     node_rows: Callable
     summed: bool = False
-
-
-def auto_chunk_edges(threads: int | None = None) -> int:
-    """Rows per chunk for ``model.chunk_edges: 0``: 2048 x threads**2, at most 16384, for
-    ``threads`` intra-op threads (default: this process's; TensorFlow's 0, every core it may
-    run on).
-
-    A chunk's [rows, 128] tensors pass from one op to the next: on one thread, chunks of 2048
-    rows keep them in cache, and a recomputed step on 20k nodes / 160k edges takes 3.25 s
-    against 3.70 s with 16384 (2.17 s without recomputation; 512: 3.44, 1024: 3.36, 4096:
-    3.44-3.56, 8192: 3.56 s). On two threads each op's rows are split between them, and small
-    chunks lose to the split: 2048 rows 2.78 s, 4096 2.37 s, 8192-32768 2.25-2.28 s
-    (docs/performance.md). More threads: 16384, untried here.
-    """
-    if threads is None:
-        threads = tf.config.threading.get_intra_op_parallelism_threads()
-        threads = threads or len(os.sched_getaffinity(0))
-    return min(16384, 2048 * threads * threads)
-
-
-def _chunks(rows: tf.Tensor, chunk: int) -> tf.Tensor:
-    """The number of chunks of ``chunk`` rows covering ``rows`` rows (one for none)."""
-    return tf.maximum((rows + chunk - 1) // chunk, 1)
-
-
-def _loop(count: tf.Tensor, body: Callable, state):
-    """``state = body(i, state)`` for i in 0 .. count - 1, one chunk at a time (parallel
-    iterations would hold several chunks' working memory at once)."""
-    _, state = tf.while_loop(
-        lambda i, _: i < count,
-        lambda i, s: (i + 1, body(i, s)),
-        (tf.constant(0), state),
-        parallel_iterations=1,
-    )
-    return state
-
-
-def _buffer(rows: tf.Tensor, like: tf.Tensor, after: Sequence[tf.Tensor] = ()) -> tf.Tensor:
-    """An uninitialised [rows, *like's width] tensor for ``_write`` to fill, every row of it,
-    allocated once every tensor of ``after`` exists. ``Empty`` is stateful: grappler neither
-    folds it into a constant nor shares it. Its shape is known early (grappler infers it from
-    the graph's inputs), so without ``after`` the executor would allocate every step's buffers
-    at the start of the pass."""
-    shape = tf.concat([[rows], tf.shape(like)[1:]], axis=0)
-    with tf.control_dependencies(after):
-        return tf.raw_ops.Empty(shape=shape, dtype=like.dtype, init=False)
-
-
-def _write(buffer: tf.Tensor, i, chunk: int, rows: tf.Tensor, after: Sequence, add=False):
-    """Chunk ``i``'s ``rows`` written into (``add``: added to) ``buffer`` in place, once every
-    tensor of ``after`` exists: what reads the chunk's old rows (an aliasing slice, maybe) has
-    run. The result is ``buffer`` itself; read it only through the returned tensor.
-
-    Collecting chunks in a TensorArray and concatenating them would hold the array and the
-    result at once (two [E, width] tensors instead of one)."""
-    start = i * chunk
-    index = tf.range(start, start + tf.shape(rows)[0])
-    with tf.control_dependencies([t for t in after if t is not None]):
-        op = tf.raw_ops.InplaceAdd if add else tf.raw_ops.InplaceUpdate
-        return op(x=buffer, i=index, v=rows)
-
-
-def map_chunks(fn: Callable, rows: Sequence[tf.Tensor], chunk: int) -> tuple[tf.Tensor, ...]:
-    """``fn`` applied to chunks of ``chunk`` rows of ``rows`` (all [E, ...]), its outputs
-    ([rows, ...] each, given by ``fn`` as a tuple) written into one [E, ...] tensor each. No
-    gradient is recorded."""
-    total = tf.shape(rows[0])[0]
-    count = _chunks(total, chunk)
-    probe = fn(*(r[:0] for r in rows))  # the outputs' dtypes and widths
-
-    def body(i, buffers):
-        outputs = fn(*(r[i * chunk : (i + 1) * chunk] for r in rows))
-        return [_write(b, i, chunk, y, outputs) for b, y in zip(buffers, outputs)]
-
-    return tuple(_loop(count, body, [_buffer(total, p, rows) for p in probe]))
+    keeps_norm: bool = False
 
 
 def recomputed_rows(fn: Callable[[tf.Tensor], tf.Tensor], rows: tf.Tensor, chunk: int):
@@ -191,12 +124,12 @@ def _vjp_in_chunks(fn: Callable, rows: Sequence[tf.Tensor], upstream, variables,
             y = fn(*parts)
         g = tape.gradient(y, [*parts, *read], upstream[i * chunk : (i + 1) * chunk], NONE)
         g = [_or_zeros(d, p) for d, p in zip(g, [*parts, *read])]
-        written = [_write(b, i, chunk, d, g) for b, d in zip(grads, g[:count])]
+        written = [write_rows(b, i, chunk, d, g) for b, d in zip(grads, g[:count])]
         return written, [w + d for w, d in zip(weights, g[count:])]
 
     total = tf.shape(rows[0])[0]
-    state = ([_buffer(total, r, [upstream]) for r in rows], [tf.zeros_like(v) for v in read])
-    grads, weights = _loop(_chunks(total, chunk), body, state)
+    state = ([empty_rows(total, r, [upstream]) for r in rows], [tf.zeros_like(v) for v in read])
+    grads, weights = chunk_loop(chunk_count(total, chunk), body, state)
     return grads, _pick(variables, read, weights)
 
 
@@ -273,15 +206,21 @@ def recomputed_steps(
     """
     graph, count = _Edges(parts, senders, receivers, chunk), len(outputs)
     groups = [range(first, min(first + every, count)) for first in range(0, count, every)]
+    # A step's norm output is the next step's kept input edges (with every = 1, all are).
+    keeps_norm = parts.keeps_norm and every == 1
 
     @tf.custom_gradient
     def steps(x, e, xe, ee):
-        device, kept, logits = x.device, [], []
+        device, kept, logits, norms = x.device, [], [], []
         for j, output in enumerate(outputs):
             if j % every == 0:
                 kept.append(tuple(_to_host(t) for t in (x, e)) if offload else (x, e))
-            x, e, step_logits = _forward(graph, x, e, xe, ee, output, j == count - 1)
+            final = j == count - 1
+            x, e, step_logits, step_norm = _forward(
+                graph, x, e, xe, ee, output, final, keep=keeps_norm and not final
+            )
             logits.append(step_logits)
+            norms.append(step_norm)
 
         def grad(*g_logits, variables=None):
             # Nothing is recomputed before the gradients of the logits arrive: ops that need
@@ -306,15 +245,19 @@ def recomputed_steps(
                     x, e = (_to_device(t, device) for t in (x, e)) if offload else (x, e)
                     boundaries = [(x, e)]
                     for _ in group[1:]:  # the inner boundaries, again
-                        x, e, _ = _forward(graph, x, e, xe, ee, False, False)
+                        x, e, _, _ = _forward(graph, x, e, xe, ee, False, False)
                         boundaries.append((x, e))
                 for j in reversed(group):
                     (x, e), step = boundaries[j - group[0]], (outputs[j], j == count - 1)
                     g_in = [g_nodes, g_edges, *g_shared]
+                    norm = None
+                    if norms[j] is not None:  # its norm's output: the next step's input edges
+                        statistics, sums = norms[j]
+                        norm = NormOutput(kept[j + 1][1], *statistics)
                     with _after(g_nodes, g_edges, *g_vars):
                         (g_nodes, g_edges, *g_shared), g_step, sums = _backward(
-                            graph, x, e, sums, xe, ee, variables, step, g_in,
-                            g_logits[j], own=j > 0,
+                            graph, x, e, sums, xe, ee, variables, step, g_in, g_logits[j],
+                            own=j > 0 and not keeps_norm, norm=norm,
                         )  # fmt: skip
                     g_vars = _accumulate(g_vars, g_step)
             g_inputs = [g_nodes, g_edges, *g_shared]
@@ -325,28 +268,38 @@ def recomputed_steps(
     return lambda *inputs: list(steps(*inputs))
 
 
-def _forward(graph: _Edges, x, e, xe, ee, output: bool, final: bool):
+def _forward(graph: _Edges, x, e, xe, ee, output: bool, final: bool, keep: bool = False):
     """One step, edges in chunks: (new node latents (None when ``final``), new edge latents,
-    logits [E] (``output``; else [0]))."""
+    logits [E] (``output``; else [0]), ``keep``: what the backward pass reads instead of
+    computing it again (``StepParts.keeps_norm``), else None: ([mean, rstd, mask] of the edge
+    rows' ``norm.NormOutput``, the new edges' sums per receiver and sender))."""
     parts, receivers, senders = graph.parts, graph.receivers, graph.senders
     r, s = parts.node_terms(x, xe)
 
     def edge_chunk(e_c, ee_c, recv_c, send_c):
-        new = parts.edge_rows(e_c, graph.term(ee_c), r, s, recv_c, send_c, False)
-        return (new, parts.head_rows(new)) if output else (new,)
+        new = parts.edge_rows(e_c, graph.term(ee_c), r, s, recv_c, send_c, False, keep)
+        new, *statistics = new if keep else (new,)
+        return (new, *statistics, parts.head_rows(new)) if output else (new, *statistics)
 
-    new_edges, *logits = map_chunks(edge_chunk, [e, ee, receivers, senders], graph.chunk)
-    new_nodes = None
+    rows = [e, ee, receivers, senders]
+    new_edges, *outputs = map_chunks(edge_chunk, rows, graph.chunk)
+    statistics, logits = (outputs[:3], outputs[3:]) if keep else (None, outputs)
+    new_nodes = sums = None
     if not final:
         num_nodes = tf.shape(x)[0]
         received = segment_sum(new_edges, receivers, num_nodes)
         sent = segment_sum(new_edges, senders, num_nodes)
         rows = (received, sent, x, xe)
         (new_nodes,) = map_chunks(lambda *r: (parts.node_rows(*r),), rows, graph.chunk)
-    return new_nodes, new_edges, logits[0] if output else tf.zeros([0], new_edges.dtype)
+        sums = (received, sent)
+    logits = logits[0] if output else tf.zeros([0], new_edges.dtype)
+    return new_nodes, new_edges, logits, (statistics, sums) if keep else None
 
 
-def _backward(graph: _Edges, x, e, sums, xe, ee, variables, step, g_in, g_logits, own: bool):
+def _backward(
+    graph: _Edges, x, e, sums, xe, ee, variables, step, g_in, g_logits, own: bool,
+    norm: Optional[NormOutput] = None,
+):  # fmt: skip
     """The gradients of one step from its boundaries (x, e), the per-node ``sums`` (received,
     sent) of its new edges (None for the final step) and the gradients of its outputs ``g_in``
     = [new nodes, new edges, xe, ee], each None for none (the shared inputs' are
@@ -354,7 +307,10 @@ def _backward(graph: _Edges, x, e, sums, xe, ee, variables, step, g_in, g_logits
 
     ``own``: ``e`` was made by the caller's forward pass and nothing reads it after this step:
     its per-node sums are taken first (the previous step's ``sums``), then its buffer takes
-    its gradients, chunk by chunk.
+    its gradients, chunk by chunk. Else the incoming gradients' buffer takes them.
+
+    ``norm``: the edge rows' norm output, kept (``StepParts.keeps_norm``): their last layer
+    and norm are not computed again.
 
     Returns ([x, e, xe, ee] gradients, variable gradients (None: not read), the sums of ``e``
     per node (``own``; else None)).
@@ -387,12 +343,18 @@ def _backward(graph: _Edges, x, e, sums, xe, ee, variables, step, g_in, g_logits
     if own:
         input_sums = (segment_sum(e, receivers, num_nodes), segment_sum(e, senders, num_nodes))
 
-    def rows_and_head(e_c, ee_c, recv_c, send_c, onto=False):
+    def rows_and_head(e_c, ee_c, recv_c, send_c, onto=False, norm_c=False):
         t_c = graph.term(ee_c)
-        new = parts.edge_rows(e_c, t_c, r, s, recv_c, send_c, onto)
+        new = parts.edge_rows(e_c, t_c, r, s, recv_c, send_c, onto, norm_c)
         return t_c, [new, parts.head_rows(new)] if output else [new]
 
-    read = _read_by(rows_and_head, variables, e[:0], ee[:0], receivers[:0], senders[:0])
+    def kept_rows(i):
+        return False if norm is None else NormOutput(*graph.rows(i, *norm))
+
+    none = False if norm is None else NormOutput(*(t[:0] for t in norm))
+    read = _read_by(
+        rows_and_head, variables, e[:0], ee[:0], receivers[:0], senders[:0], False, none
+    )
     nodes = [] if parts.summed else [r, s]
 
     def body(i, state):
@@ -400,7 +362,7 @@ def _backward(graph: _Edges, x, e, sums, xe, ee, variables, step, g_in, g_logits
         e_c, ee_c, recv_c, send_c = graph.rows(i, e, ee, receivers, senders)
         # Without a gradient from later steps (None): zeros of a chunk, not of every edge.
         # Else the incoming gradient's rows: from its own buffer, or (not ``own``) from the
-        # buffer the outgoing one then replaces them in (``_write``).
+        # buffer the outgoing one then replaces them in (``write_rows``).
         if g_edges is None:
             g_new = tf.zeros_like(e_c)
         else:
@@ -413,7 +375,7 @@ def _backward(graph: _Edges, x, e, sums, xe, ee, variables, step, g_in, g_logits
         onto = NodeGradients(g_r, g_s) if parts.summed else False
         with tf.GradientTape() as tape:
             tape.watch([e_c, ee_c, *nodes])
-            t_c, targets = rows_and_head(e_c, ee_c, recv_c, send_c, onto)
+            t_c, targets = rows_and_head(e_c, ee_c, recv_c, send_c, onto, kept_rows(i))
             tape.watch(t_c)
         upstream = [g_new, graph.rows(i, g_logits)[0]][: len(targets)]
         # With ``edge_term`` None, t_c is ee_c listed twice: each entry gets the whole gradient.
@@ -430,8 +392,8 @@ def _backward(graph: _Edges, x, e, sums, xe, ee, variables, step, g_in, g_logits
             g_r,
             g_s,
             [a + b for a, b in zip(g_read, g_w)],
-            _write(g_e_out, i, chunk, g_e_c, done),
-            _write(g_ee_out, i, chunk, g_ee_c, done, add=g_ee is not None),
+            write_rows(g_e_out, i, chunk, g_e_c, done),
+            write_rows(g_ee_out, i, chunk, g_ee_c, done, add=g_ee is not None),
         )
 
     # The outgoing edge gradients overwrite the input edges (``own``, once their sums exist) or
@@ -442,16 +404,16 @@ def _backward(graph: _Edges, x, e, sums, xe, ee, variables, step, g_in, g_logits
         with tf.control_dependencies(input_sums):
             g_e_out = tf.identity(e)
     else:
-        g_e_out = _buffer(total, e) if g_edges is None else g_edges
+        g_e_out = empty_rows(total, e) if g_edges is None else g_edges
     so_far = _pick(read, variables, g_vars)  # the node part's sums of the variables read
     state = (
         tf.zeros_like(r),
         tf.zeros_like(s),
         [_or_zeros(g, v) for g, v in zip(so_far, read)],
         g_e_out,
-        _buffer(total, ee) if g_ee is None else g_ee,
+        empty_rows(total, ee) if g_ee is None else g_ee,
     )
-    g_r, g_s, g_read, g_e_out, g_ee_out = _loop(_chunks(total, chunk), body, state)
+    g_r, g_s, g_read, g_e_out, g_ee_out = chunk_loop(chunk_count(total, chunk), body, state)
     # The loop's sums (which started from the node part's) replace the node part's.
     g_vars = [g if r is None else r for g, r in zip(g_vars, _pick(variables, read, g_read))]
     terms = terms_tape.gradient([r, s], [x, own_xe, *variables], [g_r, g_s], NONE)

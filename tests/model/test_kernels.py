@@ -39,7 +39,12 @@ def test_a_build_is_readable_by_every_user(tmp_path):
 
 def test_a_failed_build_names_the_command_and_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", "false")
-    assert [s.name for s in SOURCES] == ["layer_norm.cc", "segment_sum.cc", "gather_sum.cc"]
+    assert [s.name for s in SOURCES] == [
+        "layer_norm.cc",
+        "segment_sum.cc",
+        "gather_sum.cc",
+        "rows.cc",
+    ]
     with pytest.raises(
         OSError, match="false .*layer_norm.cc .*segment_sum.cc .*gather_sum.cc .* failed"
     ):
@@ -64,7 +69,7 @@ def test_without_a_compiler_the_ops_versions_run_and_say_why(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "[[-0.99999" in done.stdout and "[[0.0], [3.0]]" in done.stdout
     assert (
-        "hvdtrack kernel library (layer_norm.cc, segment_sum.cc, gather_sum.cc) unavailable, using TensorFlow ops"
-        in done.stderr
+        "hvdtrack kernel library (layer_norm.cc, segment_sum.cc, gather_sum.cc, rows.cc) "
+        "unavailable, using TensorFlow ops" in done.stderr
     )
     assert "no-compiler" in done.stderr

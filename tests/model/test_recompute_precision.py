@@ -11,10 +11,10 @@ import tensorflow as tf
 from hvdtrack import configtools
 from hvdtrack.errors import ConfigError
 from hvdtrack.model import recompute
+from hvdtrack.model.chunks import auto_chunk_edges
 from hvdtrack.model.classifier import SegmentClassifier
 from hvdtrack.model.config import ModelConfig
 from hvdtrack.model.loss import weighted_bce
-from hvdtrack.model.recompute import auto_chunk_edges
 from tests.model.conftest import TINY
 from tests.model.test_classifier import copy_weights
 
@@ -67,11 +67,56 @@ def test_the_kept_edge_term_gives_the_plain_gradients(graphs, compiled, chunk, e
     assert_recompute_gives_the_plain_gradients(graphs, config, changes, compiled)
 
 
-def assert_recompute_gives_the_plain_gradients(graphs, config, changes, compiled):
+# The edge update of the default model: two layers, the ReLU before the norm in the norm.
+TWO_LAYERS = dataclasses.replace(
+    TINY, layer_norm=True, factorized_edge_update=True, edge_update=(5, 3)
+)
+
+
+@pytest.mark.parametrize(
+    "compiled, chunk, every_step, offset",
+    [(False, 16384, True, 0.0), (True, 3, True, 0.0), (True, 2, False, 0.0),
+     (True, 3, True, 100.0), (False, 2, True, 100.0)],
+)  # fmt: skip
+def test_the_kept_norm_outputs_give_the_plain_gradients(
+    graphs, compiled, chunk, every_step, offset
+):
+    # With the kept edge term, the backward pass reads each edge update's norm output (the
+    # next step's input edges) and its row statistics instead of computing its last layer and
+    # norm again. An offset of 100 against a scale of 1 in one column: the normalised input
+    # cannot be read back from the output, and the backward pass computes the layer's product.
+    config = dataclasses.replace(TWO_LAYERS, output_every_step=every_step)
+    changes = dict(chunk_edges=chunk, keep_edge_term=True)
+
+    def offset_column_0(model):
+        (norm_offset,) = [v for v in model.variables if "edge_update/layer_norm/offset" in v.name]
+        norm_offset[0].assign(offset)
+
+    assert_recompute_gives_the_plain_gradients(graphs, config, changes, compiled, offset_column_0)
+
+
+def test_the_kept_norm_outputs_are_not_computed_again(graphs):
+    # Two layer norm kernels less in the backward pass per step but the last (3 steps: 4):
+    # the chunk loop's, and the one that finds the variables its rows read (on no rows).
+    def layer_norms(keep: bool) -> int:
+        config = dataclasses.replace(TWO_LAYERS, recompute=True, keep_edge_term=keep)
+        model = SegmentClassifier(config)
+        labels = tf.zeros([7])
+        run = tf.function(lambda: loss_and_gradients(model, graphs, labels, compiled=False))
+        graph = run.get_concrete_function().graph.as_graph_def()
+        nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
+        return sum(n.op == "HvdtrackLayerNorm" for n in nodes)
+
+    assert layer_norms(keep=False) - layer_norms(keep=True) == 4
+
+
+def assert_recompute_gives_the_plain_gradients(graphs, config, changes, compiled, prepare=None):
     labels = tf.constant([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
     plain = SegmentClassifier(config)
     recomputed = SegmentClassifier(dataclasses.replace(config, recompute=True, **changes))
     plain(graphs), recomputed(graphs)
+    for model in (plain, recomputed) if prepare else ():
+        prepare(model)
     copy_weights(plain, recomputed)
     loss_a, grads_a = loss_and_gradients(plain, graphs, labels, compiled)
     loss_b, grads_b = loss_and_gradients(recomputed, graphs, labels, compiled)
