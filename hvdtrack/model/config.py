@@ -58,7 +58,12 @@ class ModelConfig:
         steps, instead of computing it and its gradient again per step and chunk: 2 H - L_e
         more floats per edge (768 bytes in float32 at H = 128, L_e = 64), for a recomputed step
         6-11% (one thread) or 2-6% (two) faster at 160k edges (docs/performance.md, "The
-        shared edge term kept"). Speed first: the process also keeps TensorFlow's caching
+        shared edge term kept"). Where the edge update ends in the fused layer norm (float32,
+        ReLU, CPU kernels), the backward pass also reads each step's norm output (the next
+        step's input edges, kept anyway), its row statistics and the forward pass's sums per
+        node instead of computing them again: one more [E, L_e] tensor at the backward pass's
+        peak, 16 bytes per edge and 2 L_n floats per node per step (docs/performance.md, "The
+        edge updates' norm outputs kept"). Speed first: the process also keeps TensorFlow's caching
         allocator (``memory_first`` is false), whose reused blocks make the recomputed step
         1.21-1.31x the plain one there on one thread, against 1.36-1.54x with the system
         allocator (docs/performance.md, "The recomputed step's allocator").

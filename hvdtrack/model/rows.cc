@@ -5,10 +5,11 @@
 //       out is buffer, its rows start .. start + len(rows) - 1 replaced by rows (add: plus rows)
 //
 // TensorFlow's InplaceUpdate and InplaceAdd do the same for any list of row indices, one row at
-// a time through an Eigen expression: 160 us for a [2048, 64] float chunk where a copy takes
-// 30 us, and as long again for each element of a [2048] vector (a row of one number). A
-// chunk's rows are contiguous, so this is one copy (or one pass of additions) of the whole
-// chunk. Like InplaceUpdate, out aliases buffer: a caller reads the buffer only through out.
+// a time through an Eigen expression. A chunk's rows are contiguous, so this is one copy (or
+// one pass of additions) of the whole chunk: a [2048, 64] float chunk into [160000, 64] takes
+// 65 us against InplaceUpdate's 231 us (added: 93 against 132 us), a [2048] vector 5 against
+// 31 us (one thread, in a tf.while_loop, 2026-11-29). Like InplaceUpdate, out aliases buffer:
+// a caller reads the buffer only through out.
 
 #include <cstring>
 
