@@ -83,19 +83,19 @@ class LayerNorm(snt.Module):
         return NormOutput(y, mean, rstd, mask)
 
     def backward_from(
-        self, kept: NormOutput, scale, offset, x: Callable[[], tf.Tensor]
+        self, kept: NormOutput, scale, offset, x_again: Callable[[], tf.Tensor]
     ) -> Callable:
         """``kernel_pass``'s backward (float32) from a kept ``kernel_output`` of the same
         ``scale`` and ``offset``, without x: the normalised input comes back from y, or, where
-        ``layer_norm.cc``'s rule says y cannot give it back, from ``x()`` (computed again then,
-        in the backward pass)."""
+        ``layer_norm.cc``'s rule says y cannot give it back, from ``x_again()`` (x computed
+        again, in the backward pass)."""
         kernels = fused_kernels()
 
         def backward(upstream):
             with tf.name_scope("layer_norm_grad"):
                 width = kept.y.shape[-1]
                 source = tf.cond(
-                    _invertible(scale, offset), lambda: tf.zeros([0, width]), x
+                    _invertible(scale, offset), lambda: tf.zeros([0, width]), x_again
                 )  # fmt: skip
                 return kernels.hvdtrack_layer_norm_grad(
                     upstream, source, kept.y, kept.mask, scale, offset, kept.mean, kept.rstd,

@@ -19,6 +19,13 @@ pass can write each step's edge gradients over that step's input edge latents, w
 reads any more once their per-node sums are taken: no [E, L_e] buffer beyond the boundaries
 but the incoming gradients and the encoded edges' gradient sum.
 
+Speed first (``StepParts.keeps_norm``, the model's ``keep_edge_term``, with every step's
+boundaries kept and no offload): the forward pass also keeps what the edge rows' last layer
+norm needs for its gradient beside its output (row statistics and the ReLU's mask), and its
+new edges' sums per node. A step's new edges are the next step's input edges, kept anyway, so
+the backward pass computes neither the last layer and its norm nor those sums again; the next
+step's backward pass then writes its gradients over the incoming ones, not over its inputs.
+
 The backward pass differentiates the rows (``tf.GradientTape``) one chunk at a time. The
 gathered node rows' gradients, in the factorized update those of the term every step shares
 (``e_enc @ W_e_enc + b``), are added per node in place, never through the gathers' own
@@ -33,7 +40,7 @@ step but the one running; on a CPU the copies are the tensors themselves.
 ``recomputed_steps`` and ``recomputed_rows`` take the model's parts as callables (``StepParts``),
 so this module knows nothing of Sonnet or graph_nets.
 
-The chunk loops are ``chunks``'.
+The chunk loops themselves are ``chunks``'s.
 
 Public symbols: ``StepParts``, ``recomputed_rows``, ``recomputed_steps``.
 """
@@ -206,8 +213,9 @@ def recomputed_steps(
     """
     graph, count = _Edges(parts, senders, receivers, chunk), len(outputs)
     groups = [range(first, min(first + every, count)) for first in range(0, count, every)]
-    # A step's norm output is the next step's kept input edges (with every = 1, all are).
-    keeps_norm = parts.keeps_norm and every == 1
+    # A step's norm output is the next step's kept input edges (with every = 1, all are; with
+    # offload they are in host memory).
+    keeps_norm = parts.keeps_norm and every == 1 and not offload
 
     @tf.custom_gradient
     def steps(x, e, xe, ee):
