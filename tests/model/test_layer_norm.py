@@ -182,6 +182,25 @@ def test_a_column_y_cannot_give_back_makes_the_backward_pass_read_x(
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "column_scale, column_offset",
+    [(1.0, 16.0), (1.0, 16.000002), (-1.0, -16.0), (1e-20, 0.0), (9.9e-21, 0.0),
+     (0.0, 0.0), (float("nan"), 0.0), (1.0, float("inf"))],
+)  # fmt: skip
+def test_the_backward_pass_from_a_kept_output_reads_y_where_the_kernel_does(
+    column_scale, column_offset
+):
+    # norm.LayerNorm.backward_from decides in TensorFlow ops what the forward kernel decides
+    # for its backward pass (layer_norm.cc): both at the rule's edges (|offset| = 16 |scale|,
+    # |scale| = 1e-20), a NaN, an infinity.
+    scale = tf.constant([1.0, column_scale, 1.0])
+    offset = tf.constant([0.0, column_offset, 0.0])
+    kept = norm_module.fused_kernels().hvdtrack_layer_norm(
+        tf.ones([2, 3]), scale, offset, epsilon=1e-5
+    )[3]
+    assert bool(norm_module._invertible(scale, offset)) == (kept.shape[0] == 0)
+
+
 def test_the_relu_mask_is_one_bit_per_element_where_x_is_positive():
     kernels = norm_module.fused_kernels()
     x = tf.constant([[-1.0, 2, 0, 3, -0.5, 1, 1, 1, 4], [1, 1, 1, 1, 1, 1, 1, 1, -2]])
