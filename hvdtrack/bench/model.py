@@ -18,7 +18,10 @@ max and the process's CPU time: on shared cores wall time also counts other proc
 step's matmul FLOPs (``hvdtrack.model.cost``: 2*m*k*n per product, forward and both backward
 products), and the step's share of the matmul rate: the rate at which this machine runs the
 step's own matmul shapes alone (each [m, k] @ [k, n] and its two gradient products, compiled,
-timed in the same run just before the step). ``--breakdown`` groups the step's op time from the
+timed in the same run just before the step). With ``model.recompute`` the FLOPs, the rate and
+the share stay the plain step's (the same model's useful work), and a line adds the FLOPs the
+recomputed step runs (``cost.recomputed_step_flops``: what it computes again in the backward
+pass), the floor of its cost over the plain step's. ``--breakdown`` groups the step's op time from the
 TensorFlow profiler into matmul, gather, segment sum, layer norm, optimizer and other.
 
 ``--memory`` (a fresh process per size; ``--plot PATH``: plain and recompute, KiB per edge drawn)
@@ -139,7 +142,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.memory:
         return memory.memory_table(args)
     trainer = build_step(args)
-    from hvdtrack.model.cost import num_parameters, train_step_flops
+    from hvdtrack.model.cost import num_parameters, recomputed_step_flops, train_step_flops
 
     config = trainer.config.model
     num_params = num_parameters(config, NUM_NODE_FEATURES, NUM_EDGE_FEATURES)
@@ -152,20 +155,29 @@ def _run(args: argparse.Namespace) -> int:
     for num_nodes, num_edges in zip(args.nodes, args.edges):
         graphs, labels = synthetic_graph(num_nodes, num_edges, args.seed)
         step = step_fn(trainer, graphs, labels)
-        flops = train_step_flops(config, num_nodes, num_edges, NUM_NODE_FEATURES, NUM_EDGE_FEATURES)
+        sizes = (num_nodes, num_edges, NUM_NODE_FEATURES, NUM_EDGE_FEATURES)
+        flops = train_step_flops(config, *sizes)
         matmuls = time_calls(
             model_matmuls_fn(config, num_nodes, num_edges), args.warmup, args.repeats
         )
         timing = time_calls(step, args.warmup, args.repeats)
         rate = flops / matmuls.median
         print(f"\n--- {num_nodes} nodes, {num_edges} edges: {flops / 1e9:.2f} GFLOP of matmuls ---")
+        record = dict(nodes=num_nodes, edges=num_edges, flops=flops)
+        if config.recompute:
+            again = recomputed_step_flops(config, *sizes)
+            record["recomputed_flops"] = again
+            print(
+                f"recomputed, the step runs {again / 1e9:.2f} GFLOP of matmuls: "
+                f"{again / flops:.2f}x the plain step's (rates and shares below are by the plain "
+                "step's)"
+            )
         print(f"matmul rate: {rate / 1e9:.1f} GFLOP/s (its matmuls alone: {matmuls.describe()})")
         print(
             f"step: {timing.describe()}: {flops / timing.median / 1e9:.1f} GFLOP/s = "
             f"{100 * matmuls.median / timing.median:.0f}% of the matmul rate (by CPU time: "
             f"{100 * matmuls.cpu_median / timing.cpu_median:.0f}%)"
         )
-        record = dict(nodes=num_nodes, edges=num_edges, flops=flops)
         record.update(step=dataclasses.asdict(timing), matmuls=dataclasses.asdict(matmuls))
         if args.breakdown:
             seconds = breakdown(profile_ops(step), trainer.state.optimizer.name)

@@ -13,7 +13,7 @@ O(E * width^2)), so the count is a lower bound on the work done and "achieved FL
 matmul throughput that the step sustains.
 
 Public symbols: ``Linear``, ``linear_layers``, ``step_matmuls``, ``num_parameters``, ``forward_flops``,
-``train_step_flops``, ``node_cost``, ``num_trainable_parameters``,
+``train_step_flops``, ``recomputed_step_flops``, ``node_cost``, ``num_trainable_parameters``,
 ``gradient_bytes``.
 """
 
@@ -33,7 +33,9 @@ class Linear:
     """``calls`` matmuls of [rows, fan_in] @ [fan_in, fan_out] per forward pass.
 
     ``input_grad`` is False when the backward pass needs no gradient w.r.t. the input (the
-    first layer of an encoder reads the input features, which are not trained).
+    first layer of an encoder reads the input features, which are not trained). ``shared``: a
+    product computed once per forward pass that every message-passing step reads (the
+    factorized edge update's encoded terms).
     """
 
     module: str
@@ -43,6 +45,7 @@ class Linear:
     fan_out: int
     calls: int
     input_grad: bool = True
+    shared: bool = False
 
 
 def linear_layers(
@@ -97,8 +100,9 @@ def step_matmuls(
     ln, le = config.node_latent_size, config.edge_latent_size
     width, steps = config.edge_update[0], config.num_message_passing_steps
     factorized = [
-        Linear("edge_update", 0, "edges", le, width, 1),  # encoded edges, once
-        Linear("edge_update", 0, "nodes", ln, width, 2),  # encoded nodes (receiver, sender), once
+        Linear("edge_update", 0, "edges", le, width, 1, shared=True),  # encoded edges, once
+        # encoded nodes (receiver, sender), once
+        Linear("edge_update", 0, "nodes", ln, width, 2, shared=True),
         Linear("edge_update", 0, "edges", le, width, steps),  # current edges
         Linear("edge_update", 0, "nodes", ln, width, 2 * steps),  # current nodes
     ]
@@ -142,13 +146,78 @@ def train_step_flops(
     """Matmul FLOPs of forward + backward (see the module docstring for the convention).
 
     Counts the matmuls that the configured implementation runs (``step_matmuls``): with
-    ``factorized_edge_update`` the same model costs fewer FLOPs.
+    ``factorized_edge_update`` the same model costs fewer FLOPs. What ``recompute`` computes
+    again is not counted here: ``recomputed_step_flops``.
     """
     rows = {"nodes": num_nodes, "edges": num_edges}
     total = 0
     for x in step_matmuls(config, num_node_features, num_edge_features):
         passes = 3 if x.input_grad else 2
         total += passes * 2 * rows[x.rows] * x.fan_in * x.fan_out * x.calls
+    return total
+
+
+def recomputed_step_flops(
+    config: ModelConfig,
+    num_nodes: int,
+    num_edges: int,
+    num_node_features: int,
+    num_edge_features: int,
+) -> int:
+    """Matmul FLOPs of forward + backward as ``config.recompute`` runs them
+    (``hvdtrack.model.recompute``); without it, ``train_step_flops``.
+
+    The plain step's products (``train_step_flops``), plus what the backward pass computes
+    again, chunk by chunk:
+    - each layer's forward product once more: the encoders', every step's edge and node MLPs
+      and the head's. Not the edge update's last layer where speed first reads its layer norm's
+      kept output (``keep_edge_term`` with a layer norm after a ReLU, two or more layers,
+      float32, every step's boundaries kept, no offload: the CPU kernels' case), except in the
+      last step;
+    - the factorized update's shared terms, which the plain step computes once (its
+      ``Linear.shared`` products): in every step's forward pass, its backward pass and that
+      pass's gradients. Not the encoded edges' term with ``keep_edge_term`` (kept, its gradient
+      summed over the steps as in the plain step);
+    - with ``boundary_every`` = k, the forward pass (without the head) of each step whose
+      boundaries were not kept: steps - ceil(steps / k) of them.
+
+    The last step's node update counts as ``step_matmuls`` counts it for the plain step (its
+    output is read by nothing: the recomputed step never computes it, TensorFlow drops it from
+    the plain step).
+    """
+    if not config.recompute:
+        return train_step_flops(config, num_nodes, num_edges, num_node_features, num_edge_features)
+    rows = {"nodes": num_nodes, "edges": num_edges}
+    steps, every = config.num_message_passing_steps, config.boundary_every
+    inner = steps - -(-steps // every)  # steps whose boundaries are computed again
+    keeps_norm = (
+        config.keep_edge_term
+        and config.layer_norm
+        and config.activation == "relu"
+        and len(config.edge_update) > 1
+        and config.precision == "float32"
+        and every == 1
+        and not config.offload
+    )
+    last_edge_layer = len(config.edge_update) - 1
+    total = 0
+    for x in step_matmuls(config, num_node_features, num_edge_features):
+        backward = 2 if x.input_grad else 1
+        if x.shared and not (x.rows == "edges" and config.keep_edge_term):
+            # in every step's forward pass, the inner boundaries' and every backward pass
+            # (forward again, then its gradients)
+            products = x.calls * (steps + inner + (1 + backward) * steps)
+        elif x.shared:  # the encoded edges' term, kept: as in the plain step
+            products = x.calls * (1 + backward)
+        elif x.module.endswith("_encoder"):  # the forward pass once more
+            products = x.calls * (2 + backward)
+        else:
+            per_step = 0 if x.module == "edge_output" else x.calls // steps
+            again = x.calls
+            if keeps_norm and x.module == "edge_update" and x.index == last_edge_layer:
+                again = per_step  # the last step's only
+            products = x.calls * (1 + backward) + again + per_step * inner
+        total += products * 2 * rows[x.rows] * x.fan_in * x.fan_out
     return total
 
 

@@ -32,6 +32,17 @@ def test_benchmark_times_the_trainers_step_and_writes_records(tmp_path, capsys):
     assert shares["matmul"] > 0 and shares["optimizer"] > 0 and shares["segment sum"] > 0
 
 
+def test_a_recomputed_step_says_what_it_computes_again(tmp_path, capsys):
+    out = tmp_path / "figures.json"
+    args = ["--config", "tiny", "--nodes", "20", "--edges", "60", "--repeats", "1"]
+    code = bench.main([*args, "--warmup", "1", "--set", "model.recompute=true", "--json", str(out)])
+    assert code == 0
+    (record,) = json.loads(out.read_text())["records"]
+    ratio = record["recomputed_flops"] / record["flops"]
+    assert ratio > 1
+    assert f"of matmuls: {ratio:.2f}x the plain step's" in capsys.readouterr().out
+
+
 def test_a_timing_says_its_median_call_and_page_faults():
     timing = Timing([0.3, 0.1, 0.2], [0.2, 0.1, 0.3], [3000, 1000, 2000])
     assert timing.describe() == "200.0 ms (min 100.0, max 300.0; CPU 200.0; 2,000 page faults)"

@@ -14,6 +14,7 @@ from hvdtrack.model.cost import (
     node_cost,
     num_parameters,
     num_trainable_parameters,
+    recomputed_step_flops,
     train_step_flops,
 )
 from tests.model.conftest import TINY
@@ -75,3 +76,44 @@ def test_factorized_flops_by_hand():
         first_layer + 1680 + 216 + 72
     )
     assert num_parameters(config, 3, 2) == TINY_PARAMETERS
+
+
+def test_recomputed_flops_by_hand():
+    # TINY factorized, N = 5, E = 6, 3 steps; forward products (above): encoders 120 and 72
+    # (one backward product each), T 108 (shared, once in the plain step), encoded nodes 2 x 120
+    # (shared), current edges 108 and nodes 2 x 120 per step, node update 560 per step, head
+    # 72 + 24 per step. Recomputed: every forward product once more; a shared one in every
+    # step's forward pass and in every step's backward pass with its gradients (3 + 3 x 3).
+    config = dataclasses.replace(TINY, factorized_edge_update=True)
+    plain = train_step_flops(config, 5, 6, 3, 2)
+    assert recomputed_step_flops(config, 5, 6, 3, 2) == plain
+    memory_first = dataclasses.replace(config, recompute=True)
+    shared = 12 * (108 + 240)
+    per_step = 4 * 3 * (108 + 240 + 560 + 72 + 24)
+    assert recomputed_step_flops(memory_first, 5, 6, 3, 2) == 3 * (120 + 72) + shared + per_step
+    assert recomputed_step_flops(memory_first, 5, 6, 3, 2) == 16800
+    # keep_edge_term: T computed once, its gradient summed (3 products, as plain)
+    kept = dataclasses.replace(memory_first, keep_edge_term=True)
+    assert recomputed_step_flops(kept, 5, 6, 3, 2) == 16800 - 12 * 108 + 3 * 108
+    # boundary_every = 2: steps [0, 1], [2]: step 1's forward pass again, without the head
+    # (T, the encoded nodes' terms, current edges and nodes, node update)
+    every = dataclasses.replace(memory_first, boundary_every=2)
+    assert recomputed_step_flops(every, 5, 6, 3, 2) == 16800 + 2 * (108 + 240) + 560 == 18056
+
+
+def test_speed_first_reads_the_last_edge_layer_from_its_kept_norm():
+    # Edge update (5, 3) with a layer norm: products T 2*6*3*5 = 180, encoded nodes 2 x 200,
+    # current edges 180 and nodes 2 x 200 per step, the last edge layer 2*6*5*3 = 180 per step.
+    config = dataclasses.replace(
+        TINY, edge_update=(5, 3), layer_norm=True, factorized_edge_update=True, recompute=True
+    )
+    rest = 3 * (120 + 72) + 12 * 400 + 12 * (180 + 400 + 560 + 72 + 24)
+    assert recomputed_step_flops(config, 5, 6, 3, 2) == rest + 12 * 180 + 12 * 180 == 24528
+    # kept: T as in the plain step (3 products); the last layer once more in the last step only
+    kept = dataclasses.replace(config, keep_edge_term=True)
+    assert recomputed_step_flops(kept, 5, 6, 3, 2) == rest + 3 * 180 + 10 * 180 == 22548
+    # not with the boundaries of the first step only (nor with offload): computed again, and
+    # steps 1 and 2 forward once more (encoded nodes, both edge layers, nodes, node update)
+    every = dataclasses.replace(kept, boundary_every=3)
+    inner = 2 * (400 + 180 + 180 + 400 + 560)
+    assert recomputed_step_flops(every, 5, 6, 3, 2) == rest + 3 * 180 + 12 * 180 + inner
