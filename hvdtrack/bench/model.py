@@ -28,7 +28,7 @@ TensorFlow profiler into matmul, gather, segment sum, layer norm, optimizer and 
 and ``--memory-budget`` (the largest graph that fits) are ``hvdtrack.bench.memory``'s; this module
 parses their options and dispatches. ``--json PATH`` keeps every figure.
 
-Public symbols: ``main``, ``parse_args``, ``model_matmuls_fn``.
+Public symbols: ``main``, ``parse_args``, ``model_matmuls_fn``, ``row_blocks``.
 """
 
 from __future__ import annotations
@@ -90,6 +90,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         "--breakdown",
         action="store_true",
         help="op time by class (with --memory: tensors held at the peak), from the TF profiler",
+    )
+    add(
+        "--in-cache",
+        action="store_true",
+        help="also the matmul rate with inputs in cache: each product in blocks of rows "
+        "(a one-thread recompute chunk) whose inputs are reused",
     )
     add("--memory", action="store_true", help="peak memory of a step, a fresh process per size")
     add(
@@ -179,6 +185,21 @@ def _run(args: argparse.Namespace) -> int:
             f"{100 * matmuls.cpu_median / timing.cpu_median:.0f}%)"
         )
         record.update(step=dataclasses.asdict(timing), matmuls=dataclasses.asdict(matmuls))
+        if args.in_cache:
+            from hvdtrack.model.chunks import auto_chunk_edges
+
+            block = auto_chunk_edges(threads=1)
+            cached = time_calls(
+                model_matmuls_fn(config, num_nodes, num_edges, block=block),
+                args.warmup,
+                args.repeats,
+            )
+            print(
+                f"matmul rate with inputs in cache: {flops / cached.median / 1e9:.1f} GFLOP/s "
+                f"(blocks of {block} rows: {cached.describe()}); the step at "
+                f"{100 * cached.median / timing.median:.0f}% of it"
+            )
+            record["matmuls_in_cache"] = dataclasses.asdict(cached)
         if args.breakdown:
             seconds = breakdown(profile_ops(step), trainer.state.optimizer.name)
             total = sum(seconds.values())
@@ -196,12 +217,18 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0):
+def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0, block: int = 0):
     """A compiled function doing exactly the step's counted matmuls, nothing else.
 
     For each matmul of the step (``cost.step_matmuls``), per call: y = x @ w, dx = dy @ w^T
     (skipped for the encoders' first layers) and dw = x^T @ dy, on random data of the step's
-    shapes and compute dtype. Its time is the floor that the model's matmul shapes allow here.
+    shapes and compute dtype. Its time is the floor that the model's matmul shapes allow here
+    with their operands in memory, as the step's ops find them.
+
+    ``block`` rows (> 0): each product as ceil(rows / block) products of ``block`` rows (the
+    last of the rest) that all read the same operands, which stay in cache: the same FLOPs, at
+    the rate this machine's matmuls reach when their inputs were just made, as in a fused or
+    chunked computation.
     """
     import tensorflow as tf
 
@@ -216,10 +243,10 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0):
 
     operands = []
     for layer in step_matmuls(config, NUM_NODE_FEATURES, NUM_EDGE_FEATURES):
-        m = rows[layer.rows]
-        x, dy = constant((m, layer.fan_in)), constant((m, layer.fan_out))
-        w = constant((layer.fan_in, layer.fan_out))
-        operands.append((x, w, dy, layer.calls, layer.input_grad))
+        for size, repeats in row_blocks(rows[layer.rows], block):
+            x, dy = constant((size, layer.fan_in)), constant((size, layer.fan_out))
+            w = constant((layer.fan_in, layer.fan_out))
+            operands.append((x, w, dy, layer.calls * repeats, layer.input_grad))
 
     @tf.function
     def matmuls():
@@ -234,6 +261,15 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0):
         return total
 
     return lambda: matmuls().numpy()
+
+
+def row_blocks(rows: int, block: int) -> list[tuple[int, int]]:
+    """``rows`` as (block rows, how many) pairs: ``block`` rows as often as they fit, then the
+    rest; all rows at once for ``block`` 0."""
+    if not block:
+        return [(rows, 1)]
+    whole, rest = divmod(rows, block)
+    return [(block, whole)] * bool(whole) + [(rest, 1)] * bool(rest)
 
 
 def _load() -> str:

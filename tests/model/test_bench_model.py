@@ -43,6 +43,16 @@ def test_a_recomputed_step_says_what_it_computes_again(tmp_path, capsys):
     assert f"of matmuls: {ratio:.2f}x the plain step's" in capsys.readouterr().out
 
 
+def test_the_in_cache_rate_runs_the_same_rows_in_blocks(capsys):
+    assert bench.row_blocks(5000, 2048) == [(2048, 2), (904, 1)]
+    assert bench.row_blocks(4096, 2048) == [(2048, 2)]
+    assert bench.row_blocks(100, 2048) == [(100, 1)]
+    assert bench.row_blocks(100, 0) == [(100, 1)]
+    args = ["--config", "tiny", "--nodes", "20", "--edges", "60", "--repeats", "1"]
+    assert bench.main([*args, "--warmup", "1", "--in-cache"]) == 0
+    assert "matmul rate with inputs in cache:" in capsys.readouterr().out
+
+
 def test_a_timing_says_its_median_call_and_page_faults():
     timing = Timing([0.3, 0.1, 0.2], [0.2, 0.1, 0.3], [3000, 1000, 2000])
     assert timing.describe() == "200.0 ms (min 100.0, max 300.0; CPU 200.0; 2,000 page faults)"
