@@ -20,9 +20,11 @@ products), and the step's share of the matmul rate: the rate at which this machi
 step's own matmul shapes alone (each [m, k] @ [k, n] and its two gradient products, compiled,
 timed in the same run just before the step). With ``model.recompute`` the FLOPs, the rate and
 the share stay the plain step's (the same model's useful work), and a line adds the FLOPs the
-recomputed step runs (``cost.recomputed_step_flops``: what it computes again in the backward
-pass), the floor of its cost over the plain step's. ``--breakdown`` groups the step's op time from the
-TensorFlow profiler into matmul, gather, segment sum, layer norm, optimizer and other.
+recomputed step runs (``cost.recomputed_step_flops``: with what its backward pass computes
+again). ``--in-cache`` adds the rate of the same products with their inputs in cache (in blocks
+of rows whose operands are reused), and the step's share of that. ``--breakdown`` groups the
+step's op time from the TensorFlow profiler into matmul, gather, segment sum, layer norm,
+optimizer and other.
 
 ``--memory`` (a fresh process per size; ``--plot PATH``: plain and recompute, KiB per edge drawn)
 and ``--memory-budget`` (the largest graph that fits) are ``hvdtrack.bench.memory``'s; this module

@@ -189,7 +189,8 @@ def recomputed_step_flops(
         return train_step_flops(config, num_nodes, num_edges, num_node_features, num_edge_features)
     rows = {"nodes": num_nodes, "edges": num_edges}
     steps, every = config.num_message_passing_steps, config.boundary_every
-    inner = steps - -(-steps // every)  # steps whose boundaries are computed again
+    groups = -(-steps // every)  # ceil: one kept boundary per group of ``every`` steps
+    inner = steps - groups  # steps whose boundaries are computed again
     keeps_norm = (
         config.keep_edge_term
         and config.layer_norm
