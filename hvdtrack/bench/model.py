@@ -17,8 +17,10 @@ For each size it prints the median wall time of ``--repeats`` steps after ``--wa
 max and the process's CPU time: on shared cores wall time also counts other processes), the
 step's matmul FLOPs (``hvdtrack.model.cost``: 2*m*k*n per product, forward and both backward
 products), and the step's share of the matmul rate: the rate at which this machine runs the
-step's own matmul shapes alone (each [m, k] @ [k, n] and its two gradient products, compiled,
-timed in the same run just before the step). With ``model.recompute`` the FLOPs, the rate and
+step's own matmul shapes alone (each [m, k] @ [k, n] and its two gradient products, compiled),
+timed in turn with the step: each round calls the matmuls once and the step once, and the share
+is the median over rounds of the matmuls' time over the step's in the same round (each round's
+is printed too), so a drift of a shared machine's speed between rounds touches both alike. With ``model.recompute`` the FLOPs, the rate and
 the share stay the plain step's (the same model's useful work), and a line adds the FLOPs the
 recomputed step runs (``cost.recomputed_step_flops``: with what its backward pass computes
 again). ``--in-cache`` adds the rate of the same products with their inputs in cache (in blocks
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import statistics
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -51,10 +54,11 @@ from hvdtrack.bench.workload import (
     NUM_EDGE_FEATURES,
     NUM_NODE_FEATURES,
     build_step,
+    round_ratios,
     run_config,
     step_fn,
     synthetic_graph,
-    time_calls,
+    time_in_turn,
     write_figures,
 )
 from hvdtrack.entry import TRAINING, allocator_in_use, choose_allocator, start
@@ -165,10 +169,15 @@ def _run(args: argparse.Namespace) -> int:
         step = step_fn(trainer, graphs, labels)
         sizes = (num_nodes, num_edges, NUM_NODE_FEATURES, NUM_EDGE_FEATURES)
         flops = train_step_flops(config, *sizes)
-        matmuls = time_calls(
-            model_matmuls_fn(config, num_nodes, num_edges), args.warmup, args.repeats
-        )
-        timing = time_calls(step, args.warmup, args.repeats)
+        timed = [model_matmuls_fn(config, num_nodes, num_edges), step]
+        if args.in_cache:
+            from hvdtrack.model.chunks import auto_chunk_edges
+
+            block = auto_chunk_edges(threads=1)
+            timed.append(model_matmuls_fn(config, num_nodes, num_edges, block=block))
+        matmuls, timing, *cached = time_in_turn(timed, args.warmup, args.repeats)
+        shares = round_ratios(matmuls, timing)
+        cpu_share = statistics.median(round_ratios(matmuls, timing, cpu=True))
         rate = flops / matmuls.median
         print(f"\n--- {num_nodes} nodes, {num_edges} edges: {flops / 1e9:.2f} GFLOP of matmuls ---")
         record = dict(nodes=num_nodes, edges=num_edges, flops=flops)
@@ -183,25 +192,19 @@ def _run(args: argparse.Namespace) -> int:
         print(f"matmul rate: {rate / 1e9:.1f} GFLOP/s (its matmuls alone: {matmuls.describe()})")
         print(
             f"step: {timing.describe()}: {flops / timing.median / 1e9:.1f} GFLOP/s = "
-            f"{100 * matmuls.median / timing.median:.0f}% of the matmul rate (by CPU time: "
-            f"{100 * matmuls.cpu_median / timing.cpu_median:.0f}%)"
+            f"{100 * statistics.median(shares):.0f}% of the matmul rate (rounds: {_percents(shares)}; by CPU time: "
+            f"{100 * cpu_share:.0f}%)"
         )
-        record.update(step=dataclasses.asdict(timing), matmuls=dataclasses.asdict(matmuls))
-        if args.in_cache:
-            from hvdtrack.model.chunks import auto_chunk_edges
-
-            block = auto_chunk_edges(threads=1)
-            cached = time_calls(
-                model_matmuls_fn(config, num_nodes, num_edges, block=block),
-                args.warmup,
-                args.repeats,
-            )
+        record.update(share_rounds=shares)
+        if cached:
+            in_cache = round_ratios(cached[0], timing)
             print(
-                f"matmul rate with inputs in cache: {flops / cached.median / 1e9:.1f} GFLOP/s "
-                f"(blocks of {block} rows: {cached.describe()}); the step at "
-                f"{100 * cached.median / timing.median:.0f}% of it"
+                f"matmul rate with inputs in cache: {flops / cached[0].median / 1e9:.1f} GFLOP/s "
+                f"(blocks of {block} rows: {cached[0].describe()}); the step at "
+                f"{100 * statistics.median(in_cache):.0f}% of it (rounds: {_percents(in_cache)})"
             )
-            record["matmuls_in_cache"] = dataclasses.asdict(cached)
+            record["matmuls_in_cache"] = dataclasses.asdict(cached[0])
+        record.update(step=dataclasses.asdict(timing), matmuls=dataclasses.asdict(matmuls))
         if args.breakdown:
             seconds = breakdown(profile_ops(step), trainer.state.optimizer.name)
             total = sum(seconds.values())
@@ -272,6 +275,10 @@ def row_blocks(rows: int, block: int) -> list[tuple[int, int]]:
         return [(rows, 1)]
     whole, rest = divmod(rows, block)
     return [(block, whole)] * bool(whole) + [(rest, 1)] * bool(rest)
+
+
+def _percents(ratios: Sequence[float]) -> str:
+    return " ".join(f"{100 * r:.0f}" for r in ratios) + " %"
 
 
 def _load() -> str:

@@ -4,12 +4,14 @@ training step on one synthetic graph, and the timing of calls.
 ``build_step(args)`` builds the step ``hvdtrack train`` runs (``hvdtrack.train.step.TrainStep``)
 from the bench's command line (``--config``, ``--set`` overrides, ``--threads``);
 ``step_fn(step, *synthetic_graph(num_nodes, num_edges))`` is one training step per call;
-``time_calls`` times such calls (median, spread, process CPU time, page faults).
+``time_calls`` times such calls (median, spread, process CPU time, page faults);
+``time_in_turn`` times several functions in alternating rounds, whose times ``round_ratios``
+compares round by round.
 ``write_figures`` keeps a bench's configuration and records as JSON.
 
 Public symbols: ``NUM_NODE_FEATURES``, ``NUM_EDGE_FEATURES``, ``EDGES_PER_NODE``, ``Timing``,
-``time_calls``, ``run_config``, ``build_step``, ``step_fn``, ``synthetic_graph``,
-``write_figures``.
+``time_calls``, ``time_in_turn``, ``round_ratios``, ``run_config``, ``build_step``,
+``step_fn``, ``synthetic_graph``, ``write_figures``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import itertools
 import resource
 import statistics
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -58,17 +60,41 @@ class Timing:
 def time_calls(fn: Callable[[], object], warmup: int, repeats: int) -> Timing:
     """Calls ``fn`` ``warmup`` times untimed, then times ``repeats`` calls (and counts the
     process's minor page faults over each)."""
+    return time_in_turn([fn], warmup, repeats)[0]
+
+
+def time_in_turn(fns: Sequence[Callable[[], object]], warmup: int, repeats: int) -> list[Timing]:
+    """``time_calls`` for several functions called in turn, A B A B ...: ``warmup`` untimed
+    rounds, then ``repeats`` timed rounds of one call each. A drift of the machine's speed
+    between rounds then touches every function alike, so two functions' times in the same
+    round compare like with like (``round_ratios``), where medians of runs one after the other
+    would compare two moments of a noisy machine."""
     for _ in range(warmup):
-        fn()
-    seconds, cpu_seconds, faults = [], [], []
+        for fn in fns:
+            fn()
+    timed: list[tuple[list, list, list]] = [([], [], []) for _ in fns]
     for _ in range(repeats):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        start_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        fn()
-        seconds.append(time.perf_counter() - start)
-        cpu_seconds.append(time.process_time() - start_cpu)
-        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start_faults)
-    return Timing(seconds, cpu_seconds, faults)
+        for fn, (seconds, cpu_seconds, faults) in zip(fns, timed):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            start_faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            fn()
+            seconds.append(time.perf_counter() - start)
+            cpu_seconds.append(time.process_time() - start_cpu)
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start_faults)
+    return [Timing(*lists) for lists in timed]
+
+
+def round_ratios(numerator: Timing, denominator: Timing, cpu: bool = False) -> list[float]:
+    """Round by round (``time_in_turn``'s rounds), ``numerator``'s time over ``denominator``'s
+    (wall, or process CPU with ``cpu``)."""
+    top, bottom = (
+        (numerator.cpu_seconds, denominator.cpu_seconds)
+        if cpu
+        else (numerator.seconds, denominator.seconds)
+    )
+    if len(top) != len(bottom):
+        raise ValueError(f"{len(top)} rounds against {len(bottom)}: not timed in turn")
+    return [a / b for a, b in zip(top, bottom)]
 
 
 def run_config(args: argparse.Namespace):

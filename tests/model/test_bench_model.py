@@ -8,7 +8,7 @@ import pytest
 
 from hvdtrack.bench import model as bench
 from hvdtrack.bench import profile
-from hvdtrack.bench.workload import Timing, time_calls
+from hvdtrack.bench.workload import Timing, round_ratios, time_calls, time_in_turn
 
 
 def test_benchmark_times_the_trainers_step_and_writes_records(tmp_path, capsys):
@@ -27,6 +27,9 @@ def test_benchmark_times_the_trainers_step_and_writes_records(tmp_path, capsys):
     assert [(r["nodes"], r["edges"]) for r in records] == [(20, 60), (40, 60)]
     assert len(records[0]["step"]["seconds"]) == 1
     assert len(records[0]["step"]["page_faults"]) == 1
+    assert records[0]["share_rounds"] == [
+        records[0]["matmuls"]["seconds"][0] / records[0]["step"]["seconds"][0]
+    ]
     shares = records[0]["breakdown"]
     assert set(shares) == set(profile.CATEGORIES)
     assert shares["matmul"] > 0 and shares["optimizer"] > 0 and shares["segment sum"] > 0
@@ -105,3 +108,20 @@ def test_bad_memory_budget_is_refused(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--memory-budget", "lots"])
     assert "--memory-budget: 'lots' is not a size like 4GiB" in capsys.readouterr().err
+
+
+def test_functions_timed_in_turn_alternate_round_by_round():
+    calls = []
+    timings = time_in_turn([lambda: calls.append("a"), lambda: calls.append("b")], 1, 3)
+    assert "".join(calls) == "abababab"  # one warm-up round, then three timed ones
+    assert [len(t.seconds) for t in timings] == [3, 3]
+    assert all(len(t.page_faults) == 3 for t in timings)
+
+
+def test_round_ratios_divide_the_same_rounds():
+    a = Timing([0.2, 0.3, 0.9], [0.1, 0.3, 0.8])
+    b = Timing([0.4, 0.6, 1.0], [0.4, 0.3, 1.0])
+    assert round_ratios(a, b) == pytest.approx([0.5, 0.5, 0.9])
+    assert round_ratios(a, b, cpu=True) == pytest.approx([0.25, 1.0, 0.8])
+    with pytest.raises(ValueError, match="3 rounds against 1"):
+        round_ratios(a, Timing([0.1], [0.1]))
