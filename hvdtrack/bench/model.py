@@ -24,7 +24,11 @@ is printed too), so a drift of a shared machine's speed between rounds touches b
 the share stay the plain step's (the same model's useful work), and a line adds the FLOPs the
 recomputed step runs (``cost.recomputed_step_flops``: with what its backward pass computes
 again). ``--in-cache`` adds the rate of the same products with their inputs in cache (in blocks
-of rows whose operands are reused), and the step's share of that. ``--breakdown`` groups the
+of rows whose operands are reused), and the step's share of that. ``--against-plain`` (with
+``model.recompute``) also builds the same model's plain step in the same process and times it in
+the same rounds: the recomputed step's time over the plain one's, round by round (what
+recomputation costs; both steps run under the process's allocator, the recomputed step's: the
+caching one for speed first, the system one for memory first). ``--breakdown`` groups the
 step's op time from the TensorFlow profiler into matmul, gather, segment sum, layer norm,
 optimizer and other.
 
@@ -32,7 +36,7 @@ optimizer and other.
 and ``--memory-budget`` (the largest graph that fits) are ``hvdtrack.bench.memory``'s; this module
 parses their options and dispatches. ``--json PATH`` keeps every figure.
 
-Public symbols: ``main``, ``parse_args``, ``model_matmuls_fn``, ``row_blocks``.
+Public symbols: ``main``, ``parse_args``, ``model_matmuls_fn``, ``plain_args``, ``row_blocks``.
 """
 
 from __future__ import annotations
@@ -103,6 +107,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         help="also the matmul rate with inputs in cache: each product in blocks of rows "
         "(a one-thread recompute chunk) whose inputs are reused",
     )
+    add(
+        "--against-plain",
+        action="store_true",
+        help="with model.recompute: also the same model's plain step, timed in turn with the "
+        "recomputed one, and their ratio round by round",
+    )
     add("--memory", action="store_true", help="peak memory of a step, a fresh process per size")
     add(
         "--memory-budget",
@@ -140,6 +150,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
             args.memory_budget = memory.parse_bytes(args.memory_budget)
         except ValueError as err:
             parser.error(f"--memory-budget: {err}")
+    if args.against_plain and (args.memory or args.memory_budget is not None):
+        parser.error("--against-plain times steps: give it without --memory / --memory-budget")
     if args.plot is not None:
         if not args.memory or args.memory_budget is not None:
             parser.error("--plot draws --memory's tables: give --memory (without --memory-budget)")
@@ -163,6 +175,14 @@ def _run(args: argparse.Namespace) -> int:
         f"parameters: {num_params:,}; threads: {trainer.workers.threads}; "
         f"allocator: {allocator_in_use()}; {_load()}"
     )
+    plain = None
+    if args.against_plain:
+        if not config.recompute:
+            raise HvdtrackError(
+                "--against-plain compares a recomputed step with the plain one: give --set "
+                "model.recompute=true (or a config with it)"
+            )
+        plain = build_step(plain_args(args))
     records = []
     for num_nodes, num_edges in zip(args.nodes, args.edges):
         graphs, labels = synthetic_graph(num_nodes, num_edges, args.seed)
@@ -175,7 +195,10 @@ def _run(args: argparse.Namespace) -> int:
 
             block = auto_chunk_edges(threads=1)
             timed.append(model_matmuls_fn(config, num_nodes, num_edges, block=block))
-        matmuls, timing, *cached = time_in_turn(timed, args.warmup, args.repeats)
+        if plain is not None:
+            timed.append(step_fn(plain, graphs, labels))
+        matmuls, timing, *others = time_in_turn(timed, args.warmup, args.repeats)
+        cached = others[:1] if args.in_cache else []
         shares = round_ratios(matmuls, timing)
         cpu_share = statistics.median(round_ratios(matmuls, timing, cpu=True))
         rate = flops / matmuls.median
@@ -204,6 +227,17 @@ def _run(args: argparse.Namespace) -> int:
                 f"{100 * statistics.median(in_cache):.0f}% of it (rounds: {_percents(in_cache)})"
             )
             record["matmuls_in_cache"] = dataclasses.asdict(cached[0])
+        if plain is not None:
+            plain_timing = others[-1]
+            ratios = round_ratios(timing, plain_timing)
+            print(
+                f"plain step ({allocator_in_use()} allocator, as the recomputed one's): "
+                f"{plain_timing.describe()}; the recomputed step at "
+                f"{statistics.median(ratios):.2f}x it (rounds: "
+                + " ".join(f"{r:.2f}" for r in ratios)
+                + ")"
+            )
+            record.update(plain_step=dataclasses.asdict(plain_timing), against_plain=ratios)
         record.update(step=dataclasses.asdict(timing), matmuls=dataclasses.asdict(matmuls))
         if args.breakdown:
             seconds = breakdown(profile_ops(step), trainer.state.optimizer.name)
@@ -266,6 +300,12 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0, bloc
         return total
 
     return lambda: matmuls().numpy()
+
+
+def plain_args(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` for the same model's plain step: recompute and what only it allows turned off."""
+    off = ["model.recompute=false", "model.keep_edge_term=false", "model.offload=false"]
+    return argparse.Namespace(**{**vars(args), "overrides": [*args.overrides, *off]})
 
 
 def row_blocks(rows: int, block: int) -> list[tuple[int, int]]:

@@ -125,3 +125,26 @@ def test_round_ratios_divide_the_same_rounds():
     assert round_ratios(a, b, cpu=True) == pytest.approx([0.25, 1.0, 0.8])
     with pytest.raises(ValueError, match="3 rounds against 1"):
         round_ratios(a, Timing([0.1], [0.1]))
+
+
+def test_a_recomputed_step_is_timed_against_the_plain_one_round_by_round(tmp_path, capsys):
+    out = tmp_path / "figures.json"
+    args = ["--config", "tiny", "--nodes", "20", "--edges", "60", "--repeats", "2"]
+    recompute = ["--set", "model.recompute=true", "--set", "model.factorized_edge_update=true"]
+    recompute += ["--set", "model.keep_edge_term=true"]
+    assert (
+        bench.main([*args, "--warmup", "1", *recompute, "--against-plain", "--json", str(out)]) == 0
+    )
+    (record,) = json.loads(out.read_text())["records"]
+    step, plain = record["step"]["seconds"], record["plain_step"]["seconds"]
+    assert record["against_plain"] == pytest.approx([a / b for a, b in zip(step, plain)])
+    assert "x it (rounds: " in capsys.readouterr().out
+
+
+def test_against_plain_needs_a_recomputed_step(capsys):
+    args = ["--config", "tiny", "--nodes", "20", "--edges", "60", "--repeats", "1"]
+    assert bench.main([*args, "--warmup", "1", "--against-plain"]) == 2
+    assert "give --set model.recompute=true" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--against-plain", "--memory"])
+    assert "without --memory" in capsys.readouterr().err
