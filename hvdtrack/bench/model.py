@@ -27,8 +27,9 @@ again). ``--in-cache`` adds the rate of the same products with their inputs in c
 of rows whose operands are reused), and the step's share of that. ``--against-plain`` (with
 ``model.recompute``) also builds the same model's plain step in the same process and times it in
 the same rounds: the recomputed step's time over the plain one's, round by round (what
-recomputation costs; both steps run under the process's allocator, the recomputed step's: the
-caching one for speed first, the system one for memory first). ``--breakdown`` groups the
+recomputation costs). Both run under the process's allocator, which must be the caching one the
+plain step trains with: speed first's; memory first (the system allocator) is compared with
+``TF_CPU_ALLOCATOR_USE_BFC=true``. ``--breakdown`` groups the
 step's op time from the TensorFlow profiler into matmul, gather, segment sum, layer norm,
 optimizer and other.
 
@@ -182,6 +183,13 @@ def _run(args: argparse.Namespace) -> int:
                 "--against-plain compares a recomputed step with the plain one: give --set "
                 "model.recompute=true (or a config with it)"
             )
+        if allocator_in_use() != "caching":
+            raise HvdtrackError(
+                "--against-plain times both steps in this process, under its allocator, and "
+                "this process runs the system one (memory first chooses it: model.recompute "
+                "without model.keep_edge_term); the plain step trains with the caching one. Set "
+                "TF_CPU_ALLOCATOR_USE_BFC=true to time both under the caching allocator"
+            )
         plain = build_step(plain_args(args))
     records = []
     for num_nodes, num_edges in zip(args.nodes, args.edges):
@@ -231,7 +239,7 @@ def _run(args: argparse.Namespace) -> int:
             plain_timing = others[-1]
             ratios = round_ratios(timing, plain_timing)
             print(
-                f"plain step ({allocator_in_use()} allocator, as the recomputed one's): "
+                "plain step (caching allocator, as the recomputed one's): "
                 f"{plain_timing.describe()}; the recomputed step at "
                 f"{statistics.median(ratios):.2f}x it (rounds: "
                 + " ".join(f"{r:.2f}" for r in ratios)
