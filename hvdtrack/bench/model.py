@@ -20,18 +20,18 @@ products), and the step's share of the matmul rate: the rate at which this machi
 step's own matmul shapes alone (each [m, k] @ [k, n] and its two gradient products, compiled),
 timed in turn with the step: each round calls the matmuls once and the step once, and the share
 is the median over rounds of the matmuls' time over the step's in the same round (each round's
-is printed too), so a drift of a shared machine's speed between rounds touches both alike. With ``model.recompute`` the FLOPs, the rate and
-the share stay the plain step's (the same model's useful work), and a line adds the FLOPs the
-recomputed step runs (``cost.recomputed_step_flops``: with what its backward pass computes
-again). ``--in-cache`` adds the rate of the same products with their inputs in cache (in blocks
-of rows whose operands are reused), and the step's share of that. ``--against-plain`` (with
+is printed too), so a drift of a shared machine's speed between rounds touches both alike. With
+``model.recompute`` the FLOPs, the rate and the share stay the plain step's (the same model's
+useful work), and a line adds the FLOPs the recomputed step runs
+(``cost.recomputed_step_flops``: with what its backward pass computes again). ``--in-cache``
+adds the rate of the same products with their inputs in cache (in blocks of rows whose operands
+are reused), and the step's share of that. ``--against-plain`` (with
 ``model.recompute``) also builds the same model's plain step in the same process and times it in
 the same rounds: the recomputed step's time over the plain one's, round by round (what
 recomputation costs). Both run under the process's allocator, which must be the caching one the
 plain step trains with: speed first's; memory first (the system allocator) is compared with
-``TF_CPU_ALLOCATOR_USE_BFC=true``. ``--breakdown`` groups the
-step's op time from the TensorFlow profiler into matmul, gather, segment sum, layer norm,
-optimizer and other.
+``TF_CPU_ALLOCATOR_USE_BFC=true``. ``--breakdown`` groups the step's op time from the TensorFlow
+profiler into matmul, gather, segment sum, layer norm, optimizer and other.
 
 ``--memory`` (a fresh process per size; ``--plot PATH``: plain and recompute, KiB per edge drawn)
 and ``--memory-budget`` (the largest graph that fits) are ``hvdtrack.bench.memory``'s; this module
@@ -223,8 +223,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"matmul rate: {rate / 1e9:.1f} GFLOP/s (its matmuls alone: {matmuls.describe()})")
         print(
             f"step: {timing.describe()}: {flops / timing.median / 1e9:.1f} GFLOP/s = "
-            f"{100 * statistics.median(shares):.0f}% of the matmul rate (rounds: {_percents(shares)}; by CPU time: "
-            f"{100 * cpu_share:.0f}%)"
+            f"{100 * statistics.median(shares):.0f}% of the matmul rate (rounds: "
+            f"{_percents(shares)}; by CPU time: {100 * cpu_share:.0f}%)"
         )
         record.update(share_rounds=shares)
         if cached:
