@@ -22,7 +22,7 @@ which keeps no figures (allocator peak "-", no ``--breakdown`` tensors) unless
 ``{"series": {"plain": {config, records}, "recompute": {...}}}``).
 
 Public symbols: ``parse_bytes``, ``probe``, ``measure_memory``, ``memory_table``,
-``largest_graph``, ``memory_per_edge_png``.
+``largest_graph``, ``training_caveat``, ``memory_per_edge_png``.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from hvdtrack.bench.workload import (
     time_calls,
     write_figures,
 )
+from hvdtrack.entry import allocator_in_use
 from hvdtrack.errors import ConfigError, HvdtrackError
 
 MODES = ("plain", "recompute")  # the plot's series, by model.recompute false / true
@@ -258,6 +259,19 @@ def memory_per_edge_png(series: dict[str, Sequence[dict]], title: str) -> bytes:
     return buffer.getvalue()
 
 
+def training_caveat(allocator: str) -> Optional[str]:
+    """What a bisection's figure does not say about training under ``allocator`` ("caching" or
+    "system", as ``entry.allocator_in_use`` names it), or None."""
+    if allocator != "caching":
+        return None
+    return (
+        "note: one step on graphs of one size. Training over graphs of many sizes holds more "
+        "with the caching allocator, whose pool keeps blocks of the sizes it served "
+        '(docs/performance.md, "`full.yaml`\'s own 8 x 2 sections"); the system allocator '
+        "(TF_CPU_ALLOCATOR_USE_BFC=false) stays near this figure, at a slower step"
+    )
+
+
 def largest_graph(args: argparse.Namespace) -> int:
     """``--memory-budget``: bisects edges (nodes = edges / 8) for the largest step whose peak RSS
     fits ``args.memory_budget`` bytes; prints and keeps it."""
@@ -290,6 +304,8 @@ def largest_graph(args: argparse.Namespace) -> int:
         f"largest: {best['edges']} edges, {best['nodes']} nodes (peak RSS {_mib(best['peak_rss'])} "
         f"MiB, step {best['step_s']:.2f} s); {high} edges do not fit"
     )
+    if (caveat := training_caveat(allocator_in_use())) is not None:
+        print(caveat)
     config = configtools.to_mapping(run_config(args))
     write_figures(args.json, dict(config=config, records=[best]))
     return 0

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hvdtrack.bench import model as bench
-from hvdtrack.bench.memory import memory_per_edge_png, parse_bytes
+from hvdtrack.bench.memory import memory_per_edge_png, parse_bytes, training_caveat
 from hvdtrack.bench.profile import shape_groups
 from hvdtrack.utils import memory
 
@@ -135,3 +135,10 @@ def test_the_plot_measures_plain_and_recompute_in_fresh_processes(tmp_path, caps
         # plain: the caching allocator and its figures; recompute: the system's, without them
         peaks = [r["allocator_peak"] for r in run["records"]]
         assert all(p > 0 for p in peaks) if mode == "plain" else peaks == [None, None]
+
+
+def test_the_bisection_says_what_it_does_not_measure_under_the_caching_allocator():
+    assert training_caveat("system") is None
+    caveat = training_caveat("caching")
+    assert caveat.startswith("note: one step on graphs of one size.")
+    assert "TF_CPU_ALLOCATOR_USE_BFC=false" in caveat
