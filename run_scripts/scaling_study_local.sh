@@ -15,9 +15,14 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 common=(train.epochs=4 train.max_steps_per_epoch=20 train.validate_every_epochs=1000
         distributed.threads_per_worker=1 train.progress_bar=false train.resume=false)
 
-# Strong scaling (global batch 2 graphs) and Horovod overhead (local run vs horovodrun -np 1).
+# Strong scaling (global batch 2 graphs) and Horovod overhead (local run vs horovodrun -np 1),
+# the five runs trained $rounds times in turn; the reports below are of the last round's runs,
+# the one trained right before the weak sweep whose N=1 run joins their fit.
+rounds="${ROUNDS:-3}"
 "$py" -m hvdtrack.bench distributed --config "$config" --out "$out/strong" --epochs 4 \
-    --global-batch 2 --max-steps 20 --json "$out/distributed-bench.json" | tee "$out/bench.txt"
+    --global-batch 2 --max-steps 20 --rounds "$rounds" --json "$out/distributed-bench.json" \
+    | tee "$out/bench.txt"
+strong="$out/strong/round-$rounds/sweep"
 # Weak scaling: 1 graph per worker per step.
 "$py" -m hvdtrack.scaling run --mode weak --np 1,2 --config "$config" --batch 1 \
     --out "$out/weak" --skip-prepare "${common[@]}"
@@ -27,13 +32,13 @@ mkdir -p "$docs"
 # prediction's checks against the measured N = 2, with the other sweep's N=1 run in the fit.
 ceiling="$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["ceiling"])' \
     "$out/strong/ceiling.json")"
-"$py" -m hvdtrack.scaling report "$out"/strong/sweep/strong-np1 "$out"/strong/sweep/strong-np2 \
+"$py" -m hvdtrack.scaling report "$strong/strong-np1" "$strong/strong-np2" \
     --mode strong --ceiling "2=$ceiling" --fit-also "$out"/weak/weak-np1 --out "$docs/strong"
 "$py" -m hvdtrack.scaling report "$out"/weak/weak-np1 "$out"/weak/weak-np2 --mode weak \
-    --ceiling "2=$ceiling" --fit-also "$out"/strong/sweep/strong-np1 --out "$docs/weak"
+    --ceiling "2=$ceiling" --fit-also "$strong/strong-np1" --out "$docs/weak"
 # The weak sweep's N=1 (1 graph a step) joins the fit of the step's cost: the strong N=1's steps
 # (2 graphs) alone span too few edges to tell its fixed cost from its per-edge cost.
-"$py" -m hvdtrack.scaling predict "$out"/strong/sweep/strong-np1 "$out"/strong/sweep/strong-np2 \
+"$py" -m hvdtrack.scaling predict "$strong/strong-np1" "$strong/strong-np2" \
     --mode strong --ceiling "2=$ceiling" --fit-also "$out"/weak/weak-np1 \
     | tee "$docs/prediction-strong.txt"
 cp "$out/distributed-bench.json" "$docs/distributed-bench.json"

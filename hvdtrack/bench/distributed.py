@@ -1,6 +1,6 @@
 """Strong-scaling efficiency and Horovod overhead on this machine, from real training runs.
 
-  python -m hvdtrack.bench.distributed [--config configs/default.yaml] [--epochs 4]
+  python -m hvdtrack.bench.distributed [--config configs/default.yaml] [--epochs 4] [--rounds 3]
 
 Five runs of the same global work, one thread per worker:
   local      no Horovod, 1 process                                  -> t_local
@@ -12,6 +12,12 @@ and prints the strong-scaling efficiency t1 / (2 * t2) of each strategy and the 
 (t1 - t_local) / t_local, from the epoch times (median after the first epoch, slowest rank: the
 study's figure) and, as a cross-check, from the median step times, all recorded by the runs
 themselves (``timing.jsonl``). With every epoch accounted for, the two agree.
+
+The five runs are trained in turn, ``--rounds`` times in that order (``--out``/round-<k>/), and
+each figure is the median of the rounds' own figures, each round's printed beside it: a machine
+that drifts by several percent between runs minutes apart (docs/scaling/README.md) moves every
+run of a round alike, so a ratio within a round is not the drift between two runs far apart.
+The local run comes right before np1, whose difference is the overhead.
 
 Each efficiency is also stated against this machine's ceiling for 2 ranks (``bench ceiling``: a
 rank's step, G/2 mean graphs of the training split, alone and twice at once, one per core):
@@ -42,6 +48,8 @@ from hvdtrack.utils.io import write_json
 
 # (strategy, its 1-worker run, its 2-worker run)
 STRATEGIES = (("horovod", "np1", "np2"), ("mirrored", "mirrored1", "mirrored2"))
+# The runs of a round, in the order they train.
+RUNS = ("local", "np1", "np2", "mirrored1", "mirrored2")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -57,6 +65,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "--global-batch", type=int, default=2, help="graphs per step over all workers"
     )
     parser.add_argument("--max-steps", type=int, default=None, help="cap on steps per epoch")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="the five runs trained this many times in turn; figures are the rounds' medians",
+    )
     parser.add_argument("--controller", choices=("gloo", "mpi"), default="gloo")
     parser.add_argument("--json", default=None, help="also write the figures here")
     parser.add_argument(
@@ -64,7 +78,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         action="store_true",
         help="train nothing: compute the figures from the run directories already in --out",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: at least 1")
+    return args
 
 
 def common_overrides(args: argparse.Namespace) -> list[str]:
@@ -80,6 +97,11 @@ def common_overrides(args: argparse.Namespace) -> list[str]:
     return common
 
 
+def round_dir(args: argparse.Namespace, k: int) -> Path:
+    """The run directories of round ``k`` (from 1)."""
+    return Path(args.out) / f"round-{k}"
+
+
 def train(args: argparse.Namespace, common: Sequence[str], run_dir: Path, *overrides: str) -> Path:
     """Trains one run into ``run_dir`` (nothing with --report-only); returns ``run_dir``."""
     command = [sys.executable, "-m", "hvdtrack.train", "--config", args.config, *common]
@@ -89,19 +111,15 @@ def train(args: argparse.Namespace, common: Sequence[str], run_dir: Path, *overr
     return run_dir
 
 
-def single_process_runs(args: argparse.Namespace, common: Sequence[str]) -> dict[str, Path]:
-    """Prepares the dataset, then the local and mirrored runs; their run directories by name."""
-    if not args.report_only:
-        subprocess.run(
-            [sys.executable, "-m", "hvdtrack.prepare", "--config", args.config, "--no-progress"],
-            check=True,
-        )
-    out, g = Path(args.out), args.global_batch
+def round_runs(args: argparse.Namespace, common: Sequence[str], out: Path) -> dict[str, Path]:
+    """Trains one round's runs into ``out``, in ``RUNS``'s order; their run directories."""
+    g = args.global_batch
     dirs = {
         "local": train(
             args, common, out / "local", "distributed.strategy=local", f"train.batch_graphs={g}"
         ),
     }
+    dirs.update(horovod_runs(args, common, out))
     for n in (1, 2):
         # One process feeding n replicas: n threads in all, one per replica.
         dirs[f"mirrored{n}"] = train(
@@ -113,16 +131,17 @@ def single_process_runs(args: argparse.Namespace, common: Sequence[str]) -> dict
             f"distributed.threads_per_worker={n}",
             f"train.batch_graphs={g // n}",
         )
+    assert tuple(dirs) == RUNS
     return dirs
 
 
-def horovod_runs(args: argparse.Namespace, common: Sequence[str]) -> dict[str, Path]:
+def horovod_runs(args: argparse.Namespace, common: Sequence[str], out: Path) -> dict[str, Path]:
     """The horovodrun -np 1 and -np 2 runs (a strong-scaling sweep); their run directories."""
     plan = plan_sweep(
         "strong",
         (1, 2),
         args.config,
-        Path(args.out) / "sweep",
+        out / "sweep",
         global_batch=args.global_batch,
         controller=args.controller,
         overrides=[*common, "train.resume=false"],
@@ -133,24 +152,47 @@ def horovod_runs(args: argparse.Namespace, common: Sequence[str]) -> dict[str, P
 
 
 def measure(args: argparse.Namespace, runs: dict[str, Run]) -> dict:
-    """The figures of the runs: epoch, median step and step-sum times, and Horovod's overhead."""
+    """One round's figures: epoch, median step and step-sum times, Horovod's overhead, each
+    strategy's efficiencies and the Horovod ranks' own contention."""
     epoch = {name: maths.epoch_time(run) for name, run in runs.items()}
     step = {
         name: float(maths.step_statistics(maths.step_times(run))["median"])
         for name, run in runs.items()
     }
-    return {
-        "config": args.config,
-        "global_batch_graphs": args.global_batch,
-        "epochs": args.epochs,
+    sums = {name: maths.epoch_step_time(run) for name, run in runs.items()}
+    per_edge = {name: compute_per_edge(run) for name, run in runs.items()}
+    figures = {
         "epoch_s": epoch,
         "median_step_s": step,
         "edges_per_epoch": runs["np1"].info.get("edges_processed", 0) / max(args.epochs, 1),
         "horovod_overhead_epoch": (epoch["np1"] - epoch["local"]) / epoch["local"],
         "horovod_overhead_step": (step["np1"] - step["local"]) / step["local"],
-        "epoch_step_sum_s": {name: maths.epoch_step_time(run) for name, run in runs.items()},
-        "compute_per_edge_s": {name: compute_per_edge(run) for name, run in runs.items()},
+        "epoch_step_sum_s": sums,
+        "compute_per_edge_s": per_edge,
+        "horovod_own_contention": per_edge["np1"] / per_edge["np2"],
     }
+    for strategy, one, two in STRATEGIES:
+        for key, times in (("epoch", epoch), ("step_sum", sums), ("median_step", step)):
+            efficiency = maths.efficiency("strong", times[one], times[two], 2)
+            figures[f"{strategy}_strong_efficiency_{key}"] = efficiency
+    return figures
+
+
+def combine(args: argparse.Namespace, rounds: list[dict]) -> dict:
+    """The rounds' figures in one record: each the median over the rounds (per run for the
+    times), then the rounds' own under "rounds"."""
+    figures: dict = {
+        "config": args.config,
+        "global_batch_graphs": args.global_batch,
+        "epochs": args.epochs,
+    }
+    for key, first in rounds[0].items():
+        if isinstance(first, dict):
+            figures[key] = {n: float(np.median([r[key][n] for r in rounds])) for n in first}
+        else:
+            figures[key] = float(np.median([r[key] for r in rounds]))
+    figures["rounds"] = rounds
+    return figures
 
 
 def compute_per_edge(run: Run) -> float:
@@ -161,16 +203,28 @@ def compute_per_edge(run: Run) -> float:
     return float(np.median(values))
 
 
+def by_round(figures: dict, key: str, run: Optional[str] = None, fmt: str = "{:.3f}") -> str:
+    """`` (rounds: a b c)``: each round's ``key`` (of ``run``), nothing for one round."""
+    rounds = figures["rounds"]
+    if len(rounds) < 2:
+        return ""
+    values = [r[key] if run is None else r[key][run] for r in rounds]
+    return f" (rounds: {' '.join(fmt.format(v) for v in values)})"
+
+
 def table_lines(args: argparse.Namespace, figures: dict) -> list[str]:
     """The heading and the table of times per run."""
     epoch, sums, step = (figures[k] for k in ("epoch_s", "epoch_step_sum_s", "median_step_s"))
+    count = len(figures["rounds"])
+    rounds = f", {count} rounds in turn, medians" if count > 1 else ""
     return [
         f"\nSame global work ({args.global_batch} graphs/step), one thread per worker, "
-        f"{args.epochs} epochs (first excluded):",
+        f"{args.epochs} epochs (first excluded){rounds}:",
         f"  {'run':<10}{'epoch s':>10}{'step sum s':>12}{'median step s':>16}",
         *(
             f"  {name:<10}{epoch[name]:>10.2f}{sums[name]:>12.2f}{step[name]:>16.4f}"
-            for name in epoch
+            f"{by_round(figures, 'epoch_s', name, '{:.2f}')}"
+            for name in RUNS
         ),
     ]
 
@@ -198,9 +252,9 @@ def ceiling_figures(args: argparse.Namespace) -> dict:
 
 
 def efficiency_lines(figures: dict) -> list[str]:
-    """Adds each strategy's strong-scaling efficiencies to ``figures`` (also against the
-    ceiling when ``figures`` holds one); their lines, then Horovod's overhead."""
-    epoch, sums, step = (figures[k] for k in ("epoch_s", "epoch_step_sum_s", "median_step_s"))
+    """The lines of the ceiling, the Horovod ranks' own contention, each strategy's
+    efficiencies (adding them against the ceiling to ``figures`` when it holds one) and
+    Horovod's overhead."""
     ceiling = figures.get("ceiling", {}).get("ceiling")
     lines = []
     if ceiling:
@@ -213,31 +267,31 @@ def efficiency_lines(figures: dict) -> list[str]:
             f"-> t_alone/t_together {ceiling:.3f} (median of {len(alone)})"
         )
     per_edge = figures["compute_per_edge_s"]
-    figures["horovod_own_contention"] = own = per_edge["np1"] / per_edge["np2"]
     lines.append(
-        f"  the Horovod ranks' own contention: np1's compute per edge / np2's {own:.3f} "
+        "  the Horovod ranks' own contention: np1's compute per edge / np2's "
+        f"{figures['horovod_own_contention']:.3f}{by_round(figures, 'horovod_own_contention')} "
         f"({1e6 * per_edge['np1']:.3f} / {1e6 * per_edge['np2']:.3f} us, median steps)"
     )
-    for strategy, one, two in STRATEGIES:
-        on_epochs = maths.efficiency("strong", epoch[one], epoch[two], 2)
-        on_sums = maths.efficiency("strong", sums[one], sums[two], 2)
-        on_medians = maths.efficiency("strong", step[one], step[two], 2)
-        figures[f"{strategy}_strong_efficiency_epoch"] = on_epochs
-        figures[f"{strategy}_strong_efficiency_step_sum"] = on_sums
-        figures[f"{strategy}_strong_efficiency_median_step"] = on_medians
+    for strategy, _, _ in STRATEGIES:
+        key = f"{strategy}_strong_efficiency"
+        on_epochs, on_sums, on_medians = (
+            figures[f"{key}_{k}"] for k in ("epoch", "step_sum", "median_step")
+        )
         against = ""
         if ceiling:
             figures[f"{strategy}_of_ceiling_epoch"] = on_epochs / ceiling
             against = f"; {on_epochs / ceiling:.3f} of the ceiling on epochs"
         lines.append(
-            f"  {strategy} strong-scaling efficiency t1/(2*t2): {on_epochs:.3f} on epochs, "
+            f"  {strategy} strong-scaling efficiency t1/(2*t2): {on_epochs:.3f} on epochs"
+            f"{by_round(figures, f'{key}_epoch')}, "
             f"{on_sums:.3f} on the epochs' step sums ({100 * (on_sums / on_epochs - 1):+.1f}%), "
             f"{on_medians:.3f} on median steps ({100 * (on_medians / on_epochs - 1):+.1f}%)"
             f"{against}"
         )
     lines.append(
         f"  Horovod overhead on one rank: {100 * figures['horovod_overhead_epoch']:+.1f}% on "
-        f"epochs ({100 * figures['horovod_overhead_step']:+.1f}% on steps)"
+        f"epochs{by_round(figures, 'horovod_overhead_epoch', fmt='{:+.1%}')} "
+        f"({100 * figures['horovod_overhead_step']:+.1f}% on steps)"
     )
     return lines
 
@@ -245,10 +299,16 @@ def efficiency_lines(figures: dict) -> list[str]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     common = common_overrides(args)
-    dirs = single_process_runs(args, common)
-    dirs.update(horovod_runs(args, common))
-    runs = {name: read_run(path) for name, path in sorted(dirs.items())}
-    figures = measure(args, runs)
+    if not args.report_only:
+        subprocess.run(
+            [sys.executable, "-m", "hvdtrack.prepare", "--config", args.config, "--no-progress"],
+            check=True,
+        )
+    rounds = []
+    for k in range(1, args.rounds + 1):
+        dirs = round_runs(args, common, round_dir(args, k))
+        rounds.append(measure(args, {name: read_run(path) for name, path in dirs.items()}))
+    figures = combine(args, rounds)
     figures["ceiling"] = ceiling_figures(args)
     lines = [*table_lines(args, figures), *efficiency_lines(figures)]
     print("\n".join(lines))

@@ -20,23 +20,31 @@ RUNS = {
 }
 
 
-def test_report_only_computes_the_figures_of_the_runs_in_out(tmp_path, capsys):
-    out = tmp_path / "bench"
+def write_round(out, scale=1.0, local_s=None):
+    """The five runs of one round in ``out``: RUNS's epochs times ``scale``, the local run's
+    epochs ``local_s`` if given."""
     for name, (n, epoch_s, batch) in RUNS.items():
+        if name == "local" and local_s is not None:
+            epoch_s = [[t] for t in local_s]
         write_synthetic_run(
             out / name,
             n,
-            epoch_s=epoch_s,
+            epoch_s=[[scale * t for t in epoch] for epoch in epoch_s],
             step_s=[0.7, 0.65, 0.62, 0.6, 0.61, 0.63],
             batch_graphs=batch,
             global_batch_graphs=2,
             info={"edges_processed": 1200},
         )
+
+
+def test_report_only_computes_the_figures_of_the_runs_in_out(tmp_path, capsys):
+    out = tmp_path / "bench"
+    write_round(out / "round-1")
     # A ceiling.json written before rounds: one round.
     ceiling = dict(processes=2, nodes=8000, edges=22000, alone_s=0.40, together_s=[0.44, 0.45])
     (out / "ceiling.json").write_text(json.dumps(ceiling))
     args = ["--out", str(out), "--epochs", "3", "--report-only", "--json", str(tmp_path / "f.json")]
-    assert distributed.main(args) == 0
+    assert distributed.main([*args, "--rounds", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert (
         lines[1]
@@ -44,10 +52,10 @@ def test_report_only_computes_the_figures_of_the_runs_in_out(tmp_path, capsys):
     )
     assert [line.split()[0] for line in lines[3:8]] == [
         "local",
-        "mirrored1",
-        "mirrored2",
         "np1",
         "np2",
+        "mirrored1",
+        "mirrored2",
     ]
     assert lines[3].split()[1:] == ["12.55", "1.23", "0.6150"]
     assert lines[8] == (
@@ -75,6 +83,57 @@ def test_report_only_computes_the_figures_of_the_runs_in_out(tmp_path, capsys):
     assert figures["horovod_of_ceiling_epoch"] == pytest.approx(13.55 / (2 * 7.65) / (0.40 / 0.45))
     assert figures["compute_per_edge_s"]["np2"] == pytest.approx(0.00605)
     assert figures["horovod_own_contention"] == pytest.approx(0.5)
+    assert len(figures["rounds"]) == 1
+
+
+def test_rounds_give_the_median_of_each_rounds_own_figures(tmp_path, capsys):
+    """Three rounds: the machine 20% slower in the second (every run alike), the local run
+    slower than np1 in the third. Each figure is the median of the rounds' figures, not a
+    figure of the median times."""
+    out = tmp_path / "bench"
+    write_round(out / "round-1")
+    write_round(out / "round-2", scale=1.2)
+    write_round(out / "round-3", local_s=[14.0, 14.0, 14.0])
+    ceiling = dict(processes=2, nodes=8000, edges=22000, alone_s=[0.40], together_s=[[0.44, 0.45]])
+    (out / "ceiling.json").write_text(json.dumps(ceiling))
+    args = ["--out", str(out), "--epochs", "3", "--report-only", "--json", str(tmp_path / "f.json")]
+    assert distributed.main(args) == 0  # --rounds 3, the default
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].endswith("3 epochs (first excluded), 3 rounds in turn, medians:")
+    # local: 12.55 s, 15.06 s (1.2 x 12.55), 14.00 s: median 14.00
+    assert (
+        lines[3] == "  local          14.00        1.23          0.6150 (rounds: 12.55 15.06 14.00)"
+    )
+    # np1 13.55 s, np2 7.65 s: the same efficiency in rounds 1 and 2 (the scale cancels)
+    assert lines[10].startswith(
+        "  horovod strong-scaling efficiency t1/(2*t2): 0.886 on epochs (rounds: 0.886 0.886 0.886)"
+    )
+    # overhead: +8.0% (rounds 1 and 2), 13.55 / 14.00 - 1 = -3.2% (round 3): median +8.0%
+    assert lines[12] == (
+        "  Horovod overhead on one rank: +8.0% on epochs (rounds: +8.0% +8.0% -3.2%) "
+        "(+0.0% on steps)"
+    )
+    figures = json.loads((tmp_path / "f.json").read_text())
+    assert figures["epoch_s"]["local"] == pytest.approx(14.0)
+    assert figures["epoch_s"]["np1"] == pytest.approx(13.55)
+    assert figures["horovod_overhead_epoch"] == pytest.approx(13.55 / 12.55 - 1)
+    assert [r["horovod_overhead_epoch"] for r in figures["rounds"]] == pytest.approx(
+        [13.55 / 12.55 - 1, 13.55 / 12.55 - 1, 13.55 / 14.0 - 1]
+    )
+
+
+def test_report_only_names_a_missing_round(tmp_path):
+    out = tmp_path / "bench"
+    write_round(out / "round-1")
+    with pytest.raises(DataError, match="round-2"):
+        distributed.main(["--out", str(out), "--report-only", "--rounds", "2"])
+
+
+def test_rounds_must_be_at_least_one(capsys):
+    with pytest.raises(SystemExit) as stop:
+        distributed.parse_args(["--rounds", "0"])
+    assert stop.value.code == 2
+    assert "--rounds 0: at least 1" in capsys.readouterr().err
 
 
 def test_report_only_without_a_measured_ceiling_says_so(tmp_path):
@@ -86,7 +145,7 @@ def test_report_only_without_a_measured_ceiling_says_so(tmp_path):
         )
 
 
-def test_it_prepares_then_trains_local_mirrored_and_a_horovod_sweep(tmp_path, monkeypatch):
+def test_it_prepares_then_trains_each_round_local_horovod_then_mirrored(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(distributed.subprocess, "run", lambda cmd, check: calls.append(cmd))
     monkeypatch.setattr(distributed, "run_sweep", lambda plan, skip_prepare: calls.append(plan))
@@ -97,19 +156,20 @@ def test_it_prepares_then_trains_local_mirrored_and_a_horovod_sweep(tmp_path, mo
     monkeypatch.setattr(distributed, "read_run", stop)
     with pytest.raises(StopIteration):
         distributed.main(["--out", str(tmp_path), "--max-steps", "5", "--controller", "mpi"])
-    prepare, local, mirrored1, mirrored2, plan = calls
+    prepare, local, plan, mirrored1, mirrored2 = calls
     assert prepare[1:3] == ["-m", "hvdtrack.prepare"]
     common = ["train.epochs=4", "train.progress_bar=false", "distributed.threads_per_worker=1"]
     common += ["train.validate_every_epochs=1000", "train.max_steps_per_epoch=5"]
+    out = tmp_path / "round-1"
     assert local[5:] == [
         *common, "distributed.strategy=local", "train.batch_graphs=2",
-        f"train.run_dir={tmp_path / 'local'}", "train.resume=false",
+        f"train.run_dir={out / 'local'}", "train.resume=false",
     ]  # fmt: skip
     for n, command in ((1, mirrored1), (2, mirrored2)):
         assert command[5:] == [
             *common, "distributed.strategy=mirrored", f"distributed.num_cpu_devices={n}",
             f"distributed.threads_per_worker={n}", f"train.batch_graphs={2 // n}",
-            f"train.run_dir={tmp_path / f'mirrored{n}'}", "train.resume=false",
+            f"train.run_dir={out / f'mirrored{n}'}", "train.resume=false",
         ]  # fmt: skip
     assert (plan.mode, plan.nps, plan.controller, plan.batches) == (
         "strong",
@@ -117,4 +177,5 @@ def test_it_prepares_then_trains_local_mirrored_and_a_horovod_sweep(tmp_path, mo
         "mpi",
         {1: 2, 2: 1},
     )
+    assert plan.out_dir == out / "sweep"
     assert plan.overrides == (*common, "train.resume=false")
