@@ -257,9 +257,18 @@ def _convert_union(args: tuple, value: Any, key: str, source: str) -> Any:
             return _convert(arg, value, key, source)
         except ConfigError as err:
             errors.append(str(err))
-    raise ConfigError(
-        errors[0] if len(errors) == 1 else f"{source}: '{key}' got {_describe(value)}"
-    )
+    if len(errors) == 1:
+        raise ConfigError(errors[0])
+    wanted = " or ".join(_expected(arg) for arg in args if arg is not type(None))
+    raise ConfigError(f"{source}: '{key}' must be {wanted}, got {_describe(value)}")
+
+
+def _expected(hint: Any) -> str:
+    """What a value of type ``hint`` is, for a message: "true or false", "'auto'", "a list"..."""
+    if typing.get_origin(hint) is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(hint))
+    plain = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return plain.get(hint, "a list" if typing.get_origin(hint) in (tuple, list) else "a mapping")
 
 
 def _convert_sequence(origin: type, args: tuple, value: Any, key: str, source: str) -> Any:

@@ -100,6 +100,8 @@ def probe(args: argparse.Namespace) -> int:
         first_allocator_peak=first_allocator_peak,
         first_step_s=first_s,
         step_s=timing.median if timing else first_s,
+        keep_edge_term=trainer.config.model.keep_edge_term,
+        allocator=allocator_in_use(),
     )
     if args.breakdown:  # after the figures above: the profiled steps do not change them
         from hvdtrack.bench.profile import live_at_peak
@@ -123,6 +125,10 @@ def measure_memory(
     command += [x for key, value in sizes.items() for x in (f"--{key}", str(value))]
     command += ["--breakdown"] if getattr(args, "breakdown", False) else []
     command += [f"--set={s}" for s in args.overrides]
+    # The budget, for model.keep_edge_term: auto (the probe resolves it for its size, as
+    # training does for its graphs; ``workload.run_config``).
+    budget = getattr(args, "memory_budget", None) if kill_above is None else kill_above
+    command += [] if budget is None else ["--memory-budget", str(budget)]
     if args.config:
         command += ["--config", args.config]
     # Output to files, not pipes: a probe blocked on a full pipe would never end.
@@ -185,7 +191,7 @@ def memory_table(args: argparse.Namespace) -> int:
 def _table(args: argparse.Namespace, model) -> list[dict]:
     print(f"model: {model}\npeak memory of one training step, a fresh process per size")
     print(f"{'nodes':>8} {'edges':>9} {'RSS growth MiB':>15} {'allocator peak MiB':>19} "
-          f"{'peak RSS MiB':>13} {'step s':>7}")  # fmt: skip
+          f"{'peak RSS MiB':>13} {'step s':>7}" + ("  recomputed" if model.recompute else ""))  # fmt: skip
     records = []
     for num_nodes, num_edges in zip(args.nodes, args.edges):
         r = measure_memory(args, num_nodes, num_edges)
@@ -194,13 +200,20 @@ def _table(args: argparse.Namespace, model) -> list[dict]:
             continue
         print(
             f"{num_nodes:>8} {num_edges:>9} {_mib(r['rss_growth']):>15} "
-            f"{_mib(r['allocator_peak']):>19} {_mib(r['peak_rss']):>13} {r['step_s']:>7.2f}",
+            f"{_mib(r['allocator_peak']):>19} {_mib(r['peak_rss']):>13} {r['step_s']:>7.2f}"
+            + (f"  {_first(r)}" if model.recompute else ""),
             flush=True,
         )
         if "live_at_peak" in r:
             _print_live(r["live_at_peak"])
         records.append(r)
     return records
+
+
+def _first(record: dict) -> str:
+    """How a probe's recomputed step ran: speed first (``model.keep_edge_term`` true, as
+    given or resolved from auto for its size) or memory first."""
+    return "speed first" if record["keep_edge_term"] is True else "memory first"
 
 
 def _print_live(live: dict) -> None:
@@ -278,12 +291,15 @@ def largest_graph(args: argparse.Namespace) -> int:
     from hvdtrack import configtools
 
     budget = args.memory_budget
+    recompute = run_config(args).model.recompute
     print(f"largest graph whose training step's peak RSS fits {budget / 2**30:.2f} GiB")
 
     def fits(num_edges: int) -> Optional[dict]:
         r = measure_memory(args, max(1, num_edges // EDGES_PER_NODE), num_edges, budget)
         ok = r is not None and r["peak_rss"] <= budget
         peak = "over budget, stopped" if r is None else f"peak RSS {_mib(r['peak_rss'])} MiB"
+        if r is not None and recompute:
+            peak += f" ({_first(r)})"
         print(f"  {num_edges:>9} edges: {peak} -> {'fits' if ok else 'too big'}", flush=True)
         return r if ok else None
 
@@ -300,12 +316,14 @@ def largest_graph(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--memory-budget: not even 10000 edges fit in {args.memory_budget} bytes"
         )
+    how = f", {_first(best)}" if recompute else ""
     print(
         f"largest: {best['edges']} edges, {best['nodes']} nodes (peak RSS {_mib(best['peak_rss'])} "
-        f"MiB, step {best['step_s']:.2f} s); {high} edges do not fit"
+        f"MiB, step {best['step_s']:.2f} s{how}); {high} edges do not fit"
     )
-    if (caveat := training_caveat(allocator_in_use())) is not None:
+    if (caveat := training_caveat(best["allocator"])) is not None:
         print(caveat)
-    config = configtools.to_mapping(run_config(args))
+    sized = argparse.Namespace(**{**vars(args), "nodes": [best["nodes"]], "edges": [best["edges"]]})
+    config = configtools.to_mapping(run_config(sized))
     write_figures(args.json, dict(config=config, records=[best]))
     return 0

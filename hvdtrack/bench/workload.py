@@ -100,13 +100,24 @@ def round_ratios(numerator: Timing, denominator: Timing, cpu: bool = False) -> l
 def run_config(args: argparse.Namespace):
     """The bench's ``Config``: ``args.config`` (None: the packaged default) with ``args.overrides``
     (a bare ``KEY=VALUE`` is a model key), local workers and ``args.threads`` intra-op threads
-    (0: every core this process may use)."""
+    (0: every core this process may use). ``model.keep_edge_term: auto`` is resolved as
+    training resolves it (``cost.resolve_keep_edge_term``), for the largest of ``args.nodes`` /
+    ``args.edges`` in ``args.memory_budget`` bytes (absent or None: the memory this process may
+    use, ``usable_memory_bytes``)."""
+    import dataclasses
+
     from hvdtrack.config import load_config, resolve_config_path
+    from hvdtrack.model.cost import resolve_keep_edge_term
+    from hvdtrack.utils.memory import usable_memory_bytes
 
     overrides = [s if "." in s.partition("=")[0] else f"model.{s}" for s in args.overrides]
     threads = "null" if args.threads == 0 else str(args.threads)
     forced = ["distributed.strategy=local", f"distributed.threads_per_worker={threads}"]
-    return load_config(resolve_config_path(args.config), overrides + forced)
+    config = load_config(resolve_config_path(args.config), overrides + forced)
+    budget = getattr(args, "memory_budget", None)
+    memory = usable_memory_bytes() if budget is None else budget
+    model = resolve_keep_edge_term(config.model, max(args.nodes), max(args.edges), memory)
+    return dataclasses.replace(config, model=model)
 
 
 def build_step(args: argparse.Namespace):

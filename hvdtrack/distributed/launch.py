@@ -8,11 +8,17 @@ environment variables the launchers set (nothing is initialised), rank 0 prepare
 ``hvdtrack.prepare.local.prepare_dataset``, and the other ranks poll the file system until it is
 complete.
 
-Public symbols: ``launcher_rank``, ``check_start``, ``check_launch``, ``check_memory``, ``read_tf_config``, ``tf_config_tasks``, ``dataset_status``, ``ensure_dataset``, ``wait_for_dataset``.
+``resolve_model`` then settles what depends on the dataset and the machine: ``model.keep_edge_term:
+auto``, from the largest training graph and this process's share of the host's memory.
+
+Public symbols: ``launcher_rank``, ``check_start``, ``check_launch``, ``check_memory``,
+``read_tf_config``, ``tf_config_tasks``, ``dataset_status``, ``ensure_dataset``,
+``wait_for_dataset``, ``resolve_model``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -21,11 +27,13 @@ from typing import Mapping
 
 from hvdtrack.config import Config
 from hvdtrack.distributed.config import LAUNCHERS, launched_processes, launcher_number
+from hvdtrack.distributed.cores import launcher_local_size
 from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.prepare.jobs import PREPARE_INFO, stale_reason, up_to_date
 from hvdtrack.prepare.local import prepare_dataset
 from hvdtrack.records.manifest import MANIFEST_NAME, manifest_digest
 from hvdtrack.runs.timing import RUN_INFO_FILE
+from hvdtrack.utils.memory import usable_memory_bytes
 
 # The launchers' rank variables in order (``LAUNCHERS``); TF_CONFIG comes after them.
 RANK_VARIABLES = tuple(rank for _, rank, _ in LAUNCHERS)
@@ -108,7 +116,7 @@ def check_memory(config: Config, memory_bytes: int | None = None) -> None:
     from hvdtrack.model.cost import linear_layers, num_parameters
     from hvdtrack.records.schema import EDGE_FEATURE_SIZE, NODE_FEATURE_SIZE
 
-    total = _physical_memory() if memory_bytes is None else memory_bytes
+    total = usable_memory_bytes() if memory_bytes is None else memory_bytes
     widths = (config.model, NODE_FEATURE_SIZE, EDGE_FEATURE_SIZE)
     need = TRAIN_BYTES_PER_PARAMETER * num_parameters(*widths)
     if not total or need <= total:
@@ -124,14 +132,6 @@ def check_memory(config: Config, memory_bytes: int | None = None) -> None:
         f"{need / 2**30:.1f} GiB, more than this machine's {total / 2**30:.1f} GiB of memory; "
         "use smaller model layer sizes"
     )
-
-
-def _physical_memory() -> int | None:
-    """Bytes of physical memory; None where the system does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return None
 
 
 def read_tf_config(text: str) -> tuple[dict, dict]:
@@ -291,6 +291,59 @@ def wait_for_dataset(
         "share: put data.dataset_dir on a shared filesystem, or run `python -m hvdtrack.prepare` "
         "with the same config where every rank can see the result"
     )
+
+
+def resolve_model(
+    config: Config, environ: Mapping[str, str] | None = None, memory_bytes: int | None = None
+) -> Config:
+    """``config`` with ``model.keep_edge_term: auto`` made true or false
+    (``hvdtrack.model.cost.resolve_keep_edge_term``) for the largest training batch of its
+    dataset (``train.batch_graphs`` of its largest graph per replica, its report.json's
+    ``nodes_max`` / ``edges_max``; MirroredStrategy's replicas share a process) in this process's
+    share of the host's memory (``memory_bytes``, default ``usable_memory_bytes``, over the
+    launcher's processes on the host), said on rank 0. Call it once the dataset is there and
+    before TensorFlow's allocator is chosen (``hvdtrack.entry.choose_allocator``); the run then
+    records, and a resume compares, the resolved value. Without a report (a dataset not built
+    by ``hvdtrack prepare``) the graphs are unknown: false (memory first)."""
+    from hvdtrack.model.cost import resolve_keep_edge_term, speed_first_bytes
+
+    model = config.model
+    if model.keep_edge_term != "auto":
+        return config
+    environ = os.environ if environ is None else environ
+    memory = usable_memory_bytes() if memory_bytes is None else memory_bytes
+    share = memory // launcher_local_size(environ) if memory else None
+    largest = _largest_training_graph(config)
+    replicas = 1
+    if config.distributed.strategy in ("mirrored", "multiworker"):
+        replicas = config.distributed.num_cpu_devices
+    nodes, edges = (replicas * config.train.batch_graphs * n for n in largest or (0, 0))
+    resolved = resolve_keep_edge_term(model, nodes, edges, share if largest else None)
+    if model.recompute and model.factorized_edge_update and launcher_rank(environ) == 0:
+        keep = resolved.keep_edge_term
+        why = (
+            "the dataset's report.json gives no graph sizes"
+            if largest is None
+            else f"a process training its largest batch ({nodes:,} nodes, {edges:,} edges) "
+            f"keeping it needs about {speed_first_bytes(model, nodes, edges) / 2**30:.2f} GiB, "
+            f"this one has {(share or 0) / 2**30:.2f} GiB"
+        )
+        _say(
+            f"model.keep_edge_term auto: {str(keep).lower()} "
+            f"({'speed' if keep else 'memory'} first): {why}"
+        )
+    return dataclasses.replace(config, model=resolved)
+
+
+def _largest_training_graph(config: Config) -> tuple[int, int] | None:
+    """(nodes, edges) of the dataset's largest training graph by its report.json (the whole
+    dataset's when it has no train split); None where the report does not say."""
+    try:
+        report = json.loads((Path(config.data.dataset_dir) / "report.json").read_text())
+        sizes = report.get("splits", {}).get("train") or report["all"]
+        return int(sizes["nodes_max"]), int(sizes["edges_max"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _what(config: Config) -> str:

@@ -308,15 +308,17 @@ class SegmentClassifier(snt.Module):
             return self._node_update.rows(received, sent, xe, x)
 
         # The factorized update's edge term: computed per chunk from the encoded edges, or
-        # (keep_edge_term) once, kept, and passed as the steps' shared edge input.
+        # (keep_edge_term) once, kept, and passed as the steps' shared edge input. "auto" not
+        # resolved (``cost.resolve_keep_edge_term``; a forward pass to evaluate): not kept.
+        keep = config.keep_edge_term is True
         edge_term = compute_dtype(self._edge_update.edge_term) if factorized else None
-        shared_edges = edge_term(encoded_edges) if config.keep_edge_term else encoded_edges
+        shared_edges = edge_term(encoded_edges) if keep else encoded_edges
         parts = StepParts(
             compute_dtype(node_terms),
-            None if config.keep_edge_term else edge_term,
+            None if keep else edge_term,
             *map(compute_dtype, (edge_rows, head_rows, node_rows)),
             summed=factorized,
-            keeps_norm=config.keep_edge_term and self._edge_update.keeps_norm(dtype),
+            keeps_norm=keep and self._edge_update.keeps_norm(dtype),
         )
         steps = config.num_message_passing_steps
         wanted = [config.output_every_step or step == steps - 1 for step in range(steps)]

@@ -55,18 +55,21 @@ class ModelConfig:
         more edge pass per step that was not kept) for about 1/boundary_every of their memory.
       keep_edge_term: with ``recompute`` and ``factorized_edge_update``, keep the edge term
         every step shares (``e_enc @ W_e_enc + b``, [E, H]) and sum its gradient over the
-        steps, instead of computing it and its gradient again per step and chunk: 2 H - L_e
-        more floats per edge (768 bytes in float32 at H = 128, L_e = 64), for a recomputed step
-        6-11% (one thread) or 2-6% (two) faster at 160k edges (docs/performance.md, "The
-        shared edge term kept"). Where the edge update ends in the fused layer norm (float32,
-        ReLU, CPU kernels), the backward pass also reads each step's norm output (the next
-        step's input edges, kept anyway), its row statistics and the forward pass's sums per
-        node instead of computing them again: one more [E, L_e] tensor at the backward pass's
-        peak, 16 bytes per edge and 2 L_n floats per node per step (docs/performance.md, "The
-        edge updates' norm outputs kept"). Speed first: the process also keeps TensorFlow's caching
-        allocator (``memory_first`` is false), whose reused blocks make the recomputed step
-        1.21-1.31x the plain one there on one thread, against 1.36-1.54x with the system
-        allocator (docs/performance.md, "The recomputed step's allocator").
+        steps, instead of computing it and its gradient again per step and chunk ("speed
+        first"): 2 H floats more per edge (1 KiB in float32 at H = 128) for a recomputed step
+        at 1.27-1.33x the plain one instead of 1.48x (one thread, 160k edges; docs/performance.md,
+        "The shared edge term kept"). Where the edge update ends in the fused layer norm
+        (float32, ReLU, CPU kernels), the backward pass also reads each step's norm output (the
+        next step's input edges, kept anyway), its row statistics and the forward pass's sums per
+        node instead of computing them again (docs/performance.md, "The edge updates' norm
+        outputs kept"). Speed first also keeps TensorFlow's caching allocator (``memory_first``
+        is false), whose reused blocks make the recomputed step 1.21-1.31x the plain one on one
+        thread, against 1.36-1.54x with the system allocator (docs/performance.md, "The
+        recomputed step's allocator"). "auto" (the default): kept when the step with it fits
+        the memory a process has for its largest graph, by ``cost.recomputed_step_bytes``
+        (``cost.resolve_keep_edge_term``: training resolves it from its dataset's largest
+        graph and its rank's share of the machine's memory, ``bench model`` from its sizes and
+        ``--memory-budget``): speed first where the memory allows it, memory first beyond.
       offload: with ``recompute``, keep the step boundaries in host memory between the forward
         and the backward pass (a GPU's memory then holds one step); on a CPU host memory is
         where they are, and this changes nothing.
@@ -93,7 +96,7 @@ class ModelConfig:
     recompute: bool = False
     chunk_edges: int = 0
     boundary_every: int = 1
-    keep_edge_term: bool = False
+    keep_edge_term: bool | Literal["auto"] = "auto"
     offload: bool = False
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
 
@@ -142,7 +145,6 @@ class ModelConfig:
             "output_every_step",
             "factorized_edge_update",
             "recompute",
-            "keep_edge_term",
             "offload",
         ):
             check(isinstance(getattr(self, key), bool), key, "must be true or false")
@@ -159,7 +161,12 @@ class ModelConfig:
             f"must be an integer >= 1, got {every!r}",
         )
         check(
-            self.recompute and self.factorized_edge_update or not self.keep_edge_term,
+            isinstance(self.keep_edge_term, bool) or self.keep_edge_term == "auto",
+            "keep_edge_term",
+            f"must be true, false or auto, got {self.keep_edge_term!r}",
+        )
+        check(
+            self.recompute and self.factorized_edge_update or self.keep_edge_term is not True,
             "keep_edge_term",
             "needs model.recompute=true and model.factorized_edge_update=true",
         )
@@ -181,10 +188,11 @@ class ModelConfig:
 
     @property
     def memory_first(self) -> bool:
-        """``recompute`` without ``keep_edge_term``: the step gives speed for memory, and the
-        process that trains it runs TensorFlow's system allocator, which returns large blocks
-        on free, instead of the caching one (``hvdtrack.entry.choose_allocator``)."""
-        return self.recompute and not self.keep_edge_term
+        """``recompute`` without ``keep_edge_term`` (false, or "auto" not resolved to true by
+        ``cost.resolve_keep_edge_term``): the step gives speed for memory, and the process that
+        trains it runs TensorFlow's system allocator, which returns large blocks on free,
+        instead of the caching one (``hvdtrack.entry.choose_allocator``)."""
+        return self.recompute and self.keep_edge_term is not True
 
     @property
     def node_latent_size(self) -> int:

@@ -13,8 +13,8 @@ O(E * width^2)), so the count is a lower bound on the work done and "achieved FL
 matmul throughput that the step sustains.
 
 Public symbols: ``Linear``, ``linear_layers``, ``step_matmuls``, ``num_parameters``, ``forward_flops``,
-``train_step_flops``, ``recomputed_step_flops``, ``node_cost``, ``num_trainable_parameters``,
-``gradient_bytes``.
+``train_step_flops``, ``recomputed_step_flops``, ``recomputed_step_bytes``,
+``speed_first_bytes``, ``resolve_keep_edge_term``, ``node_cost``, ``num_trainable_parameters``, ``gradient_bytes``.
 """
 
 from __future__ import annotations
@@ -191,20 +191,12 @@ def recomputed_step_flops(
     steps, every = config.num_message_passing_steps, config.boundary_every
     groups = -(-steps // every)  # ceil: one kept boundary per group of ``every`` steps
     inner = steps - groups  # steps whose boundaries are computed again
-    keeps_norm = (
-        config.keep_edge_term
-        and config.layer_norm
-        and config.activation == "relu"
-        and len(config.edge_update) > 1
-        and config.precision == "float32"
-        and every == 1
-        and not config.offload
-    )
+    keeps_norm = _keeps_norm(config)
     last_edge_layer = len(config.edge_update) - 1
     total = 0
     for x in step_matmuls(config, num_node_features, num_edge_features):
         backward = 2 if x.input_grad else 1
-        if x.shared and not (x.rows == "edges" and config.keep_edge_term):
+        if x.shared and not (x.rows == "edges" and config.keep_edge_term is True):
             # in every step's forward pass, the inner boundaries' and every backward pass
             # (forward again, then its gradients)
             products = x.calls * (steps + inner + (1 + backward) * steps)
@@ -220,6 +212,88 @@ def recomputed_step_flops(
             products = x.calls * (1 + backward) + again + per_step * inner
         total += products * 2 * rows[x.rows] * x.fan_in * x.fan_out
     return total
+
+
+def _keeps_norm(config: ModelConfig) -> bool:
+    """Speed first reads its edge updates' kept layer-norm outputs (``StepParts.keeps_norm``):
+    the kept edge term with a layer norm after a ReLU, two or more layers, float32, every
+    step's boundaries kept, no offload (the CPU kernels' case)."""
+    return (
+        config.keep_edge_term is True
+        and config.layer_norm
+        and config.activation == "relu"
+        and len(config.edge_update) > 1
+        and config.precision == "float32"
+        and config.boundary_every == 1
+        and not config.offload
+    )
+
+
+# What a training process holds beyond its recomputed step's tensors (TensorFlow's runtime,
+# the model, the graph's inputs): peak RSS less the allocator's peak was 0.63-0.77 GiB at 160k
+# edges (docs/performance.md, "Keeping the edge term when it fits").
+PROCESS_BYTES = 2**30
+# The allocator's peak over ``recomputed_step_bytes``: 1.07-1.14 at 160k edges (4 and 8 steps,
+# both variants), with room for where the allocator's blocks fall.
+ALLOCATOR_MARGIN = 1.25
+
+
+def recomputed_step_bytes(config: ModelConfig, num_nodes: int, num_edges: int) -> int:
+    """Bytes a recomputed step (``config.recompute``, ``keep_edge_term`` true or false) holds at
+    its peak, by what ``hvdtrack.model.recompute`` keeps (estimated, not measured; 7-14% under
+    the allocator's peak at 160k edges):
+
+    - per edge: the kept edge boundaries (one per group of ``boundary_every`` steps) and the
+      encoded edges, [E, L_e] each, and the logits of each step with an output ([E] float32);
+    - per node: the node boundaries and six [N, L_n] more (encoded nodes, gradients, sums),
+      five [N, H] (the node terms and their gradients; H the edge update's first width);
+    - speed first (``keep_edge_term`` true): the edge term and its gradient sum, [E, H] each;
+      where it reads its norm outputs (``_keeps_norm``), per step but the last the rows' mean
+      and scale (float32), the ReLU's mask (one bit per latent) and the new edges' sums per
+      node ([N, L_n] twice).
+
+    Latents are in the compute dtype (``precision``: 2 bytes for 16-bit).
+    """
+    size = 4 if config.precision == "float32" else 2
+    steps, every = config.num_message_passing_steps, config.boundary_every
+    groups = -(-steps // every)
+    outputs = steps if config.output_every_step else 1
+    l_e, l_n, h = config.edge_latent_size, config.node_latent_size, config.edge_update[0]
+    per_edge = size * l_e * (groups + 1) + 4 * outputs
+    per_node = size * (l_n * (groups + 6) + 5 * h)
+    if config.keep_edge_term is True:
+        per_edge += size * 2 * h
+        if _keeps_norm(config):
+            per_edge += (steps - 1) * (2 * 4 + -(-l_e // 8))
+            per_node += (steps - 1) * 2 * size * l_n
+    return num_edges * per_edge + num_nodes * per_node
+
+
+def resolve_keep_edge_term(
+    config: ModelConfig, num_nodes: int, num_edges: int, memory_bytes: int | None
+) -> ModelConfig:
+    """``config`` with ``keep_edge_term: auto`` made true or false for graphs of up to
+    ``num_nodes`` / ``num_edges`` in ``memory_bytes`` (None: unknown); any other value as it is.
+
+    True (speed first) when the recomputed step keeping the edge term fits: its
+    ``speed_first_bytes`` at most ``memory_bytes``.
+    False (memory first) otherwise, when the memory is unknown, and for a model that cannot
+    keep it (no ``recompute`` or no ``factorized_edge_update``)."""
+    if config.keep_edge_term != "auto":
+        return config
+    off = dataclasses.replace(config, keep_edge_term=False)
+    if not (config.recompute and config.factorized_edge_update) or memory_bytes is None:
+        return off
+    kept = dataclasses.replace(config, keep_edge_term=True)
+    return kept if speed_first_bytes(config, num_nodes, num_edges) <= memory_bytes else off
+
+
+def speed_first_bytes(config: ModelConfig, num_nodes: int, num_edges: int) -> int:
+    """The memory ``resolve_keep_edge_term`` asks of a process for the recomputed step that keeps
+    the edge term: ``PROCESS_BYTES`` plus ``ALLOCATOR_MARGIN`` times its estimate."""
+    kept = dataclasses.replace(config, keep_edge_term=True)
+    estimate = recomputed_step_bytes(kept, num_nodes, num_edges)
+    return PROCESS_BYTES + int(ALLOCATOR_MARGIN * estimate)
 
 
 def node_cost(config: ModelConfig, num_node_features: int, num_edge_features: int) -> float:

@@ -91,12 +91,15 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.print_config:
         print(json.dumps(config_to_dict(config), indent=2))
         return 0
-    choose_allocator(config.model.memory_first)  # before anything imports TensorFlow
-    from hvdtrack.distributed.launch import check_start, ensure_dataset
+    from hvdtrack.distributed.launch import check_start, ensure_dataset, resolve_model
 
     check_start(config)  # launcher and strategy agree, the model fits: before anything is written
     # Before anything initialises Horovod / MPI / tf.distribute (train() does).
     ensure_dataset(config)
+    config = resolve_model(config)  # model.keep_edge_term: auto, for the dataset's graphs
+    # Before TensorFlow makes its first tensor (preparing a dataset makes none: TensorFlow reads
+    # the allocator's setting then).
+    choose_allocator(config.model.memory_first)
     from hvdtrack.train.loop import train
 
     try:

@@ -16,8 +16,11 @@ returns False.
 ``trim_heap`` hands the C heap's free pages back to the system (glibc's ``malloc_trim``), so that
 memory a phase freed (the graph optimizer's, say) no longer counts in the resident set.
 
+``usable_memory_bytes`` is what this process may use at most: the machine's physical memory or
+its control group's limit (SLURM's ``--mem``, a container's ``--memory``), whichever is smaller.
+
 Public symbols: ``rss_bytes``, ``peak_rss_bytes``, ``reset_peak``, ``device_peak_bytes``,
-``trim_heap``.
+``trim_heap``, ``usable_memory_bytes``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from pathlib import Path
 from typing import Optional
 
 _STATUS = Path("/proc/self/status")
+_CGROUPS = Path("/proc/self/cgroup")
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
@@ -95,3 +100,46 @@ def trim_heap() -> bool:
         return False
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return bool(trim(0))
+
+
+def usable_memory_bytes(cgroups: Path = _CGROUPS, root: Path = _CGROUP_ROOT) -> Optional[int]:
+    """The most memory this process may use: physical memory, or the tightest memory limit of
+    its control group and the groups above it (cgroup v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``) when smaller. None where the system says neither."""
+    import os
+
+    try:
+        physical: Optional[int] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        physical = None
+    limits = [x for x in [physical, *_cgroup_limits(cgroups, root)] if x]
+    return min(limits, default=None)
+
+
+def _cgroup_limits(cgroups: Path, root: Path) -> list[int]:
+    """The memory limits of this process's control group and its ancestors (bytes; "max" and
+    v1's unlimited value, a number above 2**60, left out)."""
+    try:
+        lines = cgroups.read_text().splitlines()
+    except OSError:
+        return []
+    limits = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
+        if controllers == "":  # v2: one hierarchy, memory.max in each group
+            where, name = root, "memory.max"
+        elif "memory" in controllers.split(","):  # v1: the memory controller's hierarchy
+            where, name = root / "memory", "memory.limit_in_bytes"
+        else:
+            continue
+        group = where / path.lstrip("/")
+        for directory in [group, *group.parents]:
+            try:
+                value = (directory / name).read_text().strip()
+            except OSError:
+                value = ""
+            if value.isdigit() and int(value) < 2**60:
+                limits.append(int(value))
+            if directory == where:
+                break
+    return limits

@@ -142,3 +142,21 @@ def test_the_bisection_says_what_it_does_not_measure_under_the_caching_allocator
     caveat = training_caveat("caching")
     assert caveat.startswith("note: one step on graphs of one size.")
     assert "TF_CPU_ALLOCATOR_USE_BFC=false" in caveat
+
+
+def test_usable_memory_is_the_tightest_control_group_limit_below_physical(tmp_path):
+    physical = memory.usable_memory_bytes(tmp_path / "no-cgroup-file", tmp_path)
+    assert physical > 2**20  # the machine's, from sysconf
+    # cgroup v2: the group's "max" is no limit, its parent's 1 GiB is
+    (tmp_path / "job/step").mkdir(parents=True)
+    (tmp_path / "job/step/memory.max").write_text("max\n")
+    (tmp_path / "job/memory.max").write_text(f"{2**30}\n")
+    (tmp_path / "cgroup").write_text("0::/job/step\n")
+    assert memory.usable_memory_bytes(tmp_path / "cgroup", tmp_path) == min(physical, 2**30)
+    # cgroup v1: the memory controller's hierarchy; its "unlimited" (2**63 - page) is none
+    (tmp_path / "memory/slurm").mkdir(parents=True)
+    (tmp_path / "memory/slurm/memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (tmp_path / "cgroup").write_text("4:memory:/slurm\n3:cpuset:/\n")
+    assert memory.usable_memory_bytes(tmp_path / "cgroup", tmp_path) == physical
+    (tmp_path / "memory/slurm/memory.limit_in_bytes").write_text(f"{3 * 2**20}\n")
+    assert memory.usable_memory_bytes(tmp_path / "cgroup", tmp_path) == 3 * 2**20

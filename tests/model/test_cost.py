@@ -9,12 +9,17 @@ import pytest
 from hvdtrack.model.classifier import SegmentClassifier
 from hvdtrack.model.config import ModelConfig
 from hvdtrack.model.cost import (
+    ALLOCATOR_MARGIN,
+    PROCESS_BYTES,
     forward_flops,
     gradient_bytes,
     node_cost,
     num_parameters,
     num_trainable_parameters,
+    recomputed_step_bytes,
     recomputed_step_flops,
+    resolve_keep_edge_term,
+    speed_first_bytes,
     train_step_flops,
 )
 from tests.model.conftest import TINY
@@ -117,3 +122,54 @@ def test_speed_first_reads_the_last_edge_layer_from_its_kept_norm():
     every = dataclasses.replace(kept, boundary_every=3)
     inner = 2 * (400 + 180 + 180 + 400 + 560)
     assert recomputed_step_flops(every, 5, 6, 3, 2) == rest + 3 * 180 + 12 * 180 + inner
+
+
+def test_recomputed_step_bytes_by_hand():
+    # TINY factorized and recomputed, N = 5, E = 6, 3 steps with an output each, float32:
+    # per edge 3 boundaries + the encoded edges [E, 3] and 3 logits: 4 * 3 * 4 + 4 * 3 = 60;
+    # per node 3 boundaries + 6 [N, 4] and 5 [N, H = 3]: 4 * (4 * 9 + 5 * 3) = 204.
+    memory_first = dataclasses.replace(
+        TINY, factorized_edge_update=True, recompute=True, keep_edge_term=False
+    )
+    assert recomputed_step_bytes(memory_first, 5, 6) == 6 * 60 + 5 * 204 == 1380
+    # speed first: the edge term and its gradient sum, [E, 3] each (no layer norm to read)
+    kept = dataclasses.replace(memory_first, keep_edge_term=True)
+    assert recomputed_step_bytes(kept, 5, 6) == 6 * (60 + 24) + 5 * 204 == 1524
+    # 16-bit latents: 2 bytes each (the logits stay float32)
+    half = dataclasses.replace(memory_first, precision="bfloat16")
+    assert recomputed_step_bytes(half, 5, 6) == 6 * (2 * 3 * 4 + 12) + 5 * 2 * 51 == 726
+    # boundary_every = 2: the boundaries of steps 0 and 2 only
+    every = dataclasses.replace(memory_first, boundary_every=2)
+    assert recomputed_step_bytes(every, 5, 6) == 6 * (4 * 3 * 3 + 12) + 5 * 4 * (32 + 15) == 1228
+    # edge update (5, 3) with a layer norm after a ReLU: H = 5; speed first also keeps, per step
+    # but the last, the rows' mean and scale, one mask byte (3 bits) and two [N, 4] node sums
+    normed = dataclasses.replace(memory_first, edge_update=(5, 3), layer_norm=True)
+    assert recomputed_step_bytes(normed, 5, 6) == 6 * 60 + 5 * 4 * (36 + 25) == 1580
+    normed_kept = dataclasses.replace(normed, keep_edge_term=True)
+    per_edge, per_node = 60 + 4 * 2 * 5 + 2 * (8 + 1), 244 + 2 * 2 * 4 * 4
+    assert recomputed_step_bytes(normed_kept, 5, 6) == 6 * per_edge + 5 * per_node == 2248
+
+
+def test_auto_keeps_the_edge_term_when_the_step_with_it_fits_the_memory():
+    auto = dataclasses.replace(TINY, factorized_edge_update=True, recompute=True)
+    assert auto.keep_edge_term == "auto"
+    assert PROCESS_BYTES + ALLOCATOR_MARGIN * 1524 == PROCESS_BYTES + 1905  # speed first's, above
+    assert speed_first_bytes(auto, 5, 6) == PROCESS_BYTES + 1905
+    assert resolve_keep_edge_term(auto, 5, 6, PROCESS_BYTES + 1905).keep_edge_term is True
+    assert resolve_keep_edge_term(auto, 5, 6, PROCESS_BYTES + 1904).keep_edge_term is False
+    assert resolve_keep_edge_term(auto, 5, 6, None).keep_edge_term is False  # memory unknown
+    # a model that cannot keep it: false, whatever the memory
+    for cannot in (dataclasses.replace(auto, recompute=False), TINY):
+        assert resolve_keep_edge_term(cannot, 5, 6, 2**40).keep_edge_term is False
+    # a value given is kept as it is
+    for given in (False, True):
+        config = dataclasses.replace(auto, keep_edge_term=given)
+        assert resolve_keep_edge_term(config, 5, 6, 2**40 if not given else 1) is config
+
+
+def test_the_default_model_keeps_the_edge_term_up_to_about_half_a_million_edges_in_4_gib():
+    # issue 29's budget, 8 edges a node: speed first below, memory first above
+    default = ModelConfig(layer_norm=True, factorized_edge_update=True, recompute=True)
+    assert resolve_keep_edge_term(default, 62_500, 500_000, 4 * 2**30).keep_edge_term is True
+    assert resolve_keep_edge_term(default, 68_750, 550_000, 4 * 2**30).keep_edge_term is False
+    assert resolve_keep_edge_term(default, 20_000, 160_000, 4 * 2**30).keep_edge_term is True

@@ -163,7 +163,10 @@ def test_bfloat16_keeps_float32_variables_and_logits_close_to_float32(graphs):
         (dict(recompute=True, chunk_edges=-1), "'model.chunk_edges' must be an integer from 0"),
         (dict(chunk_edges=True), "'model.chunk_edges' must be an integer"),
         (dict(boundary_every=0), "'model.boundary_every' must be an integer >= 1, got 0"),
-        (dict(keep_edge_term=1), "'model.keep_edge_term' must be true or false"),
+        (
+            dict(keep_edge_term=1),
+            "'model.keep_edge_term' must be true or false or 'auto', got int 1",
+        ),
         (dict(keep_edge_term=True), "'model.keep_edge_term' needs model.recompute=true and"),
         (
             dict(keep_edge_term=True, recompute=True),

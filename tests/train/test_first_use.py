@@ -41,14 +41,21 @@ def test_a_memory_first_model_trains_with_the_system_allocator_and_says_so(tmp_p
     env.pop(ALLOCATOR, None)  # the test session's own choice would win over the command's
     env.pop(SUPPLIED, None)
     model = ["model.factorized_edge_update=true", "model.recompute=true"]
-    for keep, allocator in [("false", "system"), ("true", "caching")]:
+    # auto: tiny's graphs keep the edge term in this machine's memory (speed first), and the
+    # run records the resolved value, which a resume compares
+    for keep, allocator, kept in [("false", "system", False), ("true", "caching", True),
+                                  ("auto", "caching", True)]:  # fmt: skip
         run_dir = tmp_path / f"runs/keep-{keep}"
         result = train(
             tmp_path, "--config", "tiny", "train.epochs=1", "train.progress_bar=false",
             f"train.run_dir={run_dir}", *model, f"model.keep_edge_term={keep}", env=env,
         )  # fmt: skip
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-        assert json.loads((run_dir / "run.json").read_text())["allocator"] == allocator
+        info = json.loads((run_dir / "run.json").read_text())
+        assert info["allocator"] == allocator
+        assert info["config"]["model"]["keep_edge_term"] is kept
+        said = "[hvdtrack] model.keep_edge_term auto: true (speed first): a process training"
+        assert (said in result.stdout) == (keep == "auto")
 
 
 def test_failed_preparation_stops_training_with_the_error(tmp_path):
