@@ -20,21 +20,23 @@ from hvdtrack.model.kernels import fused_kernels
 
 
 def auto_chunk_edges(threads: int | None = None) -> int:
-    """Rows per chunk for ``model.chunk_edges: 0``: 2048 x threads**2, at most 16384, for
+    """Rows per chunk for ``model.chunk_edges: 0``: 2048 on one thread, 16384 on more, for
     ``threads`` intra-op threads (default: this process's; TensorFlow's 0, every core it may
     run on).
 
     A chunk's [rows, 128] tensors pass from one op to the next: on one thread, chunks of 2048
     rows keep them in cache, and a recomputed step on 20k nodes / 160k edges takes 3.25 s
     against 3.70 s with 16384 (2.17 s without recomputation; 512: 3.44, 1024: 3.36, 4096:
-    3.44-3.56, 8192: 3.56 s). On two threads each op's rows are split between them, and small
-    chunks lose to the split: 2048 rows 2.78 s, 4096 2.37 s, 8192-32768 2.25-2.28 s
-    (docs/performance.md). More threads: 16384, untried here.
+    3.44-3.56, 8192: 3.56 s; AMD EPYC). On two threads each op's rows are split between them,
+    and small chunks lose to the split: on the EPYC 2048 rows 2.78 s, 4096 2.37 s, 8192-32768
+    2.25-2.28 s; on an Intel Xeon the recomputed step (speed first) took 1.40x the plain one
+    with 8192 rows (twice), 1.31x with 16384 and 1.30x with 32768 (docs/performance.md,
+    "Keeping the edge term when it fits"). More threads: 16384, untried.
     """
     if threads is None:
         threads = tf.config.threading.get_intra_op_parallelism_threads()
         threads = threads or len(os.sched_getaffinity(0))
-    return min(16384, 2048 * threads * threads)
+    return 2048 if threads <= 1 else 16384
 
 
 def chunk_count(rows: tf.Tensor, chunk: int) -> tf.Tensor:

@@ -48,8 +48,8 @@ class ModelConfig:
         forward pass.
       chunk_edges: with ``recompute``, rows per chunk of the recomputed MLPs (edges, and the
         nodes' too; forward and backward): the working memory of a step beyond its boundaries.
-        0 (the default): by the process's intra-op threads, 2048 x threads**2 rows, at most
-        16384 (``chunks.auto_chunk_edges``: on one thread a chunk's tensors stay in cache).
+        0 (the default): by the process's intra-op threads, 2048 rows on one thread (a
+        chunk's tensors stay in cache), 16384 on more (``chunks.auto_chunk_edges``).
       boundary_every: with ``recompute``, keep the boundaries of every this many steps
         (1: every step's); the backward pass computes the boundaries in between again (one
         more edge pass per step that was not kept) for about 1/boundary_every of their memory.

@@ -211,8 +211,8 @@ def test_recompute_in_bfloat16_reads_the_variables_in_bfloat16_in_both_passes(gr
 
 
 def test_the_chunk_by_threads():
-    # model.chunk_edges: 0 -> 2048 x threads**2 rows, at most 16384
-    assert [auto_chunk_edges(t) for t in (1, 2, 3, 64)] == [2048, 8192, 16384, 16384]
+    # model.chunk_edges: 0 -> 2048 rows on one thread, 16384 on more
+    assert [auto_chunk_edges(t) for t in (1, 2, 3, 64)] == [2048, 16384, 16384, 16384]
     assert ModelConfig().chunk_edges == 0
     assert 2048 <= auto_chunk_edges() <= 16384  # this process's threads
 
