@@ -122,7 +122,7 @@ def measure_ceiling(
             "needs one core slice per process"
         )
     job = dict(config=config, nodes=nodes, edges=edges, repeats=repeats, warmup=warmup)
-    job.update(overrides=list(overrides), rounds=rounds)
+    job.update(overrides=list(overrides), rounds=rounds, processes=processes)
     per = len(cpus) // processes
     results = _run_together(job, [cpus[i * per : (i + 1) * per] for i in range(processes)])
     alone = results[0][0]
@@ -178,6 +178,11 @@ def _time_step(job: dict, cores: list[int], index: int, barrier, results) -> Non
         for override in job["overrides"]:
             argv += ["--set", override]
         args = model.parse_args(argv)
+        # model.keep_edge_term: auto, for this process's share of the memory (as training's ranks)
+        from hvdtrack.utils.memory import usable_memory_bytes
+
+        memory = usable_memory_bytes()
+        args.memory_budget = memory // job["processes"] if memory else None
         choose_allocator(workload.run_config(args).model.memory_first)
         step = workload.step_fn(
             workload.build_step(args), *workload.synthetic_graph(job["nodes"], job["edges"])

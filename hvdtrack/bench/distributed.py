@@ -97,6 +97,18 @@ def common_overrides(args: argparse.Namespace) -> list[str]:
     return common
 
 
+def _one_keep_edge_term(args: argparse.Namespace, common: Sequence[str]) -> list[str]:
+    """``model.keep_edge_term`` settled once for every run (``launch.one_keep_edge_term``):
+    the whole global batch in one process, or half of it in each of two."""
+    from hvdtrack.config import load_config, resolve_config_path
+    from hvdtrack.distributed.launch import one_keep_edge_term
+
+    config = load_config(resolve_config_path(args.config), list(common))
+    half = max(1, args.global_batch // 2)
+    keep = one_keep_edge_term(config, [(1, args.global_batch), (2, half)])
+    return [] if keep is None else [keep]
+
+
 def round_dir(args: argparse.Namespace, k: int) -> Path:
     """The run directories of round ``k`` (from 1)."""
     return Path(args.out) / f"round-{k}"
@@ -304,6 +316,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             [sys.executable, "-m", "hvdtrack.prepare", "--config", args.config, "--no-progress"],
             check=True,
         )
+    if not args.report_only:
+        common += _one_keep_edge_term(args, common)
     rounds = []
     for k in range(1, args.rounds + 1):
         dirs = round_runs(args, common, round_dir(args, k))

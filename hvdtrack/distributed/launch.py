@@ -13,7 +13,7 @@ auto``, from the largest training graph and this process's share of the host's m
 
 Public symbols: ``launcher_rank``, ``check_start``, ``check_launch``, ``check_memory``,
 ``read_tf_config``, ``tf_config_tasks``, ``dataset_status``, ``ensure_dataset``,
-``wait_for_dataset``, ``resolve_model``.
+``wait_for_dataset``, ``resolve_model``, ``one_keep_edge_term``.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from hvdtrack.config import Config
 from hvdtrack.distributed.config import LAUNCHERS, launched_processes, launcher_number
-from hvdtrack.distributed.cores import launcher_local_size
 from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.prepare.jobs import PREPARE_INFO, stale_reason, up_to_date
 from hvdtrack.prepare.local import prepare_dataset
@@ -294,32 +293,42 @@ def wait_for_dataset(
 
 
 def resolve_model(
-    config: Config, environ: Mapping[str, str] | None = None, memory_bytes: int | None = None
+    config: Config,
+    environ: Mapping[str, str] | None = None,
+    memory_bytes: int | None = None,
+    say: bool = True,
 ) -> Config:
     """``config`` with ``model.keep_edge_term: auto`` made true or false
     (``hvdtrack.model.cost.resolve_keep_edge_term``) for the largest training batch of its
     dataset (``train.batch_graphs`` of its largest graph per replica, its report.json's
     ``nodes_max`` / ``edges_max``; MirroredStrategy's replicas share a process) in this process's
     share of the host's memory (``memory_bytes``, default ``usable_memory_bytes``, over the
-    launcher's processes on the host), said on rank 0. Call it once the dataset is there and
-    before TensorFlow's allocator is chosen (``hvdtrack.entry.choose_allocator``); the run then
-    records, and a resume compares, the resolved value. Without a report (a dataset not built
-    by ``hvdtrack prepare``) the graphs are unknown: false (memory first)."""
+    ranks on the host: ``_ranks_on_host``), said on rank 0 (``say``). A run resumed
+    (``train.resume``, its run.json there) keeps the value it was trained with. Call it once the
+    dataset is there and before TensorFlow's allocator is chosen
+    (``hvdtrack.entry.choose_allocator``); the run records the resolved value. Without a report
+    (a dataset not built by ``hvdtrack prepare``) the graphs are unknown: false (memory first)."""
     from hvdtrack.model.cost import resolve_keep_edge_term, speed_first_bytes
 
     model = config.model
     if model.keep_edge_term != "auto":
         return config
     environ = os.environ if environ is None else environ
+    say = say and model.recompute and model.factorized_edge_update and launcher_rank(environ) == 0
+    trained = _trained_keep_edge_term(config)
+    if trained is not None:
+        if say:
+            _say(f"model.keep_edge_term auto: {str(trained).lower()}, as the resumed run had it")
+        return dataclasses.replace(config, model=dataclasses.replace(model, keep_edge_term=trained))
     memory = usable_memory_bytes() if memory_bytes is None else memory_bytes
-    share = memory // launcher_local_size(environ) if memory else None
+    share = memory // _ranks_on_host(environ) if memory else None
     largest = _largest_training_graph(config)
     replicas = 1
     if config.distributed.strategy in ("mirrored", "multiworker"):
         replicas = config.distributed.num_cpu_devices
     nodes, edges = (replicas * config.train.batch_graphs * n for n in largest or (0, 0))
     resolved = resolve_keep_edge_term(model, nodes, edges, share if largest else None)
-    if model.recompute and model.factorized_edge_update and launcher_rank(environ) == 0:
+    if say:
         keep = resolved.keep_edge_term
         why = (
             "the dataset's report.json gives no graph sizes"
@@ -333,6 +342,59 @@ def resolve_model(
             f"({'speed' if keep else 'memory'} first): {why}"
         )
     return dataclasses.replace(config, model=resolved)
+
+
+def one_keep_edge_term(
+    config: Config, layouts: Sequence[tuple[int, int]], memory_bytes: int | None = None
+) -> str | None:
+    """The override ``model.keep_edge_term=true|false`` that runs of ``config`` compared with
+    each other (a scaling sweep, ``bench distributed``) all take, when its model leaves it
+    ``auto`` (and recomputes, factorized; else None): true only if each layout, (ranks on this
+    host, graphs per rank and step), would keep it (``resolve_model``, in ``memory_bytes``, by
+    default the host's). Runs that resolved it
+    apart would train different steps, and their comparison would measure that."""
+    model = config.model
+    if model.keep_edge_term != "auto" or not (model.recompute and model.factorized_edge_update):
+        return None
+    kept = True
+    for ranks, graphs in layouts:
+        sized = dataclasses.replace(
+            config, train=dataclasses.replace(config.train, batch_graphs=graphs, resume=False)
+        )
+        environ = {"HOROVOD_LOCAL_SIZE": str(ranks)}
+        resolved = resolve_model(sized, environ, memory_bytes, say=False)
+        kept = kept and resolved.model.keep_edge_term is True
+    return f"model.keep_edge_term={str(kept).lower()}"
+
+
+def _trained_keep_edge_term(config: Config) -> bool | None:
+    """``model.keep_edge_term`` of the run ``train.run_dir`` resumes (its run.json), if any."""
+    run_info = Path(config.train.run_dir) / RUN_INFO_FILE
+    if not config.train.resume or not run_info.is_file():
+        return None
+    try:
+        value = json.loads(run_info.read_text())["config"]["model"]["keep_edge_term"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # the resume check says what is wrong with the run
+    return value if isinstance(value, bool) else None
+
+
+def _ranks_on_host(environ: Mapping[str, str]) -> int:
+    """Ranks on this host: as horovodrun / mpirun say (``cores.launcher_local_size``), or srun's
+    tasks on this node (SLURM_STEP_TASKS_PER_NODE, e.g. "2(x3),1", at SLURM_NODEID)."""
+    from hvdtrack.distributed.cores import launcher_local_size  # imports TensorFlow
+
+    local = launcher_local_size(environ)
+    counts = []
+    for part in environ.get("SLURM_STEP_TASKS_PER_NODE", "").split(","):
+        count, _, repeat = part.partition("(x")
+        if count.isdigit():
+            times = repeat.rstrip(")")
+            counts += [int(count)] * (int(times) if times.isdigit() else 1)
+    node = environ.get("SLURM_NODEID", "0")
+    if local == 1 and counts and node.isdigit() and int(node) < len(counts):
+        return max(1, counts[int(node)])
+    return local
 
 
 def _largest_training_graph(config: Config) -> tuple[int, int] | None:

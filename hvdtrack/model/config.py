@@ -44,7 +44,7 @@ class ModelConfig:
       recompute: keep only the step boundaries for the backward pass (each message-passing
         step's node and edge latents, the encoded latents and the gather indices) and compute
         everything else again there, edges in chunks of ``chunk_edges`` (``model.recompute``):
-        the same gradients, the memory of the boundaries plus one chunk, for about one more
+        the same gradients, the memory of the boundaries plus two chunks, for about one more
         forward pass.
       chunk_edges: with ``recompute``, rows per chunk of the recomputed MLPs (edges, and the
         nodes' too; forward and backward): the working memory of a step beyond its boundaries.

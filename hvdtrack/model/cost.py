@@ -240,7 +240,7 @@ ALLOCATOR_MARGIN = 1.25
 
 def recomputed_step_bytes(config: ModelConfig, num_nodes: int, num_edges: int) -> int:
     """Bytes a recomputed step (``config.recompute``, ``keep_edge_term`` true or false) holds at
-    its peak, by what ``hvdtrack.model.recompute`` keeps (estimated, not measured; 7-14% under
+    its peak, by what ``hvdtrack.model.recompute`` keeps (estimated, not measured; 7-12% under
     the allocator's peak at 160k edges):
 
     - per edge: the kept edge boundaries (one per group of ``boundary_every`` steps) and the

@@ -10,8 +10,8 @@ recomputed cheaply:
 Everything else (the encoders' layers, the edge MLP's [E, 128] layers, the gathered sender and
 receiver rows and the node terms they come from, the layer-norm statistics, the output head,
 the node MLP and its sums) is computed again in the backward pass. Both passes run the per-edge
-and per-node work in chunks of ``chunk_edges`` rows (a ``tf.while_loop`` of one chunk at a
-time), so the working memory beyond the boundaries is one chunk's, whatever the graph's size.
+and per-node work in chunks of ``chunk_edges`` rows (a ``tf.while_loop``, at most two chunks at a
+time), so the working memory beyond the boundaries is two chunks', whatever the graph's size.
 The maths are the plain step's: the chunks are rows of the same products, and gradients that
 sum over rows (weights, node rows) add the chunks' parts (node rows in place:
 ``segments.segment_add``). All steps are one function (``recomputed_steps``), so its backward
@@ -26,7 +26,7 @@ new edges' sums per node. A step's new edges are the next step's input edges, ke
 the backward pass computes neither the last layer and its norm nor those sums again; the next
 step's backward pass then writes its gradients over the incoming ones, not over its inputs.
 
-The backward pass differentiates the rows (``tf.GradientTape``) one chunk at a time. The
+The backward pass differentiates the rows (``tf.GradientTape``) chunk by chunk. The
 gathered node rows' gradients, in the factorized update those of the term every step shares
 (``e_enc @ W_e_enc + b``), are added per node in place, never through the gathers' own
 gradients: by the gather's gradient kernel as it makes that term's (``segments.NodeGradients``),

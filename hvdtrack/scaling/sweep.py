@@ -214,6 +214,10 @@ def run_sweep(
     if not skip_prepare:
         print(f"[sweep] preparing the dataset: {shlex.join(plan.prepare)}", file=out, flush=True)
         _run(plan.prepare, logs / "prepare.log", {}, "dataset preparation", out)
+    if (keep := _one_keep_edge_term(plan)) is not None:
+        print(f"[sweep] every run: {keep}", file=out, flush=True)
+        plan = dataclasses.replace(plan, overrides=(*plan.overrides, keep))
+        commands = {n: f"{env} {shlex.join(plan.local_command(n))}".strip() for n in plan.nps}
     for n in plan.nps:
         run_dir, log = plan.run_dir(n), logs / f"{plan.mode}-np{n}.log"
         if skip_finished and _finished(run_dir):
@@ -318,6 +322,16 @@ def _submit_all(plan: SweepPlan, options: SlurmOptions, workdir: Path, skip_prep
         "",
     ]
     return "\n".join(lines)
+
+
+def _one_keep_edge_term(plan: SweepPlan) -> Optional[str]:
+    """One ``model.keep_edge_term`` for every run (``launch.one_keep_edge_term``): N ranks on
+    this host, N's batch each."""
+    from hvdtrack.config import load_config
+    from hvdtrack.distributed.launch import one_keep_edge_term
+
+    config = load_config(plan.config, list(plan.overrides))
+    return one_keep_edge_term(config, [(n, plan.batches[n]) for n in plan.nps])
 
 
 def _config_batch(config: Path, overrides: Sequence[str]) -> int:

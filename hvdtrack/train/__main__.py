@@ -97,9 +97,7 @@ def _main(argv: Sequence[str] | None) -> int:
     # Before anything initialises Horovod / MPI / tf.distribute (train() does).
     ensure_dataset(config)
     config = resolve_model(config)  # model.keep_edge_term: auto, for the dataset's graphs
-    # Before TensorFlow makes its first tensor (preparing a dataset makes none: TensorFlow reads
-    # the allocator's setting then).
-    choose_allocator(config.model.memory_first)
+    choose_allocator(config.model.memory_first)  # read at TensorFlow's first tensor, not before
     from hvdtrack.train.loop import train
 
     try:

@@ -125,7 +125,9 @@ def _cgroup_limits(cgroups: Path, root: Path) -> list[int]:
         return []
     limits = []
     for line in lines:
-        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
+        if line.count(":") < 2:
+            continue
+        _, controllers, path = line.split(":", 2)
         if controllers == "":  # v2: one hierarchy, memory.max in each group
             where, name = root, "memory.max"
         elif "memory" in controllers.split(","):  # v1: the memory controller's hierarchy
