@@ -382,9 +382,13 @@ class FactorizedEdgeUpdate(snt.Module):
         return (self.edge_term(encoded.edges), *self.node_invariant(encoded.nodes))
 
     def edge_term(self, encoded_edges: tf.Tensor) -> tf.Tensor:
-        """``e_enc @ W_e_enc + b`` [rows, H], for any rows of the encoded edges."""
+        """``e_enc @ W_e_enc + b`` [rows, H], for any rows of the encoded edges.
+
+        The bias by ``tf.nn.bias_add``: grappler fuses it into the product (``_FusedMatMul``) and
+        its gradient is ``BiasAddGrad``, where ``+`` took an ``AddV2`` over [E, H] and a ``Sum``
+        over the rows 4x slower than ``BiasAddGrad`` (the step at 5k / 40k edges: 2.3 + 8.7 ms)."""
         p = self._first_layer_blocks()
-        return encoded_edges @ p["e_enc"] + p["b"]
+        return tf.nn.bias_add(encoded_edges @ p["e_enc"], p["b"])
 
     def node_invariant(self, encoded_nodes: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """``x_enc @ W_r_enc`` and ``x_enc @ W_s_enc`` [N, H]."""
