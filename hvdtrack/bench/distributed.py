@@ -2,10 +2,11 @@
 
   python -m hvdtrack.bench.distributed [--config configs/default.yaml] [--epochs 4] [--rounds 3]
 
-Five runs of the same global work, one thread per worker:
+Six runs, one thread per worker, five of them of the same global work:
   local      no Horovod, 1 process                                  -> t_local
   np1        horovodrun -np 1, global batch G                       -> t1
   np2        horovodrun -np 2, G/2 graphs per worker                -> t2
+  np1-half   horovodrun -np 1, G/2 graphs per step (half the work)  -> the model's fit
   mirrored1  MirroredStrategy, 1 logical CPU device, 1 thread       -> t1
   mirrored2  MirroredStrategy, 2 logical CPU devices, 2 threads     -> t2
 and prints the strong-scaling efficiency t1 / (2 * t2) of each strategy and the Horovod overhead
@@ -19,6 +20,13 @@ that drifts by several percent between runs minutes apart (docs/scaling/README.m
 run of a round alike, so a ratio within a round is not the drift between two runs far apart.
 The local run comes right before np1, whose difference is the overhead.
 
+Each round also checks the scaling model (``hvdtrack.scaling.maths``, what ``scaling predict``
+extrapolates to many workers) where it can be checked: its N = 2 prediction from the round's np1
+run, with the step's fixed and per-edge cost fitted on np1's steps and np1-half's (two batch
+sizes; one batch size's steps do not determine the fixed cost), against the round's np2, on
+median steps, with the ceiling below and the ``shared-memory`` network (Gloo over loopback). The
+two fitted runs bracket np2, so the fit and the check see the machine at one speed.
+
 Each efficiency is also stated against this machine's ceiling for 2 ranks (``bench ceiling``: a
 rank's step, G/2 mean graphs of the training split, alone and twice at once, one per core):
 efficiency / ceiling is the share of what the hardware allows that the strategy reaches, the
@@ -30,6 +38,7 @@ estimates; it cannot stand in for the ceiling in a prediction of np2, being meas
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -49,7 +58,7 @@ from hvdtrack.utils.io import write_json
 # (strategy, its 1-worker run, its 2-worker run)
 STRATEGIES = (("horovod", "np1", "np2"), ("mirrored", "mirrored1", "mirrored2"))
 # The runs of a round, in the order they train.
-RUNS = ("local", "np1", "np2", "mirrored1", "mirrored2")
+RUNS = ("local", "np1", "np2", "np1-half", "mirrored1", "mirrored2")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -69,7 +78,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         "--rounds",
         type=int,
         default=3,
-        help="the five runs trained this many times in turn; figures are the rounds' medians",
+        help="the six runs trained this many times in turn; figures are the rounds' medians",
     )
     parser.add_argument("--controller", choices=("gloo", "mpi"), default="gloo")
     parser.add_argument("--json", default=None, help="also write the figures here")
@@ -148,19 +157,19 @@ def round_runs(args: argparse.Namespace, common: Sequence[str], out: Path) -> di
 
 
 def horovod_runs(args: argparse.Namespace, common: Sequence[str], out: Path) -> dict[str, Path]:
-    """The horovodrun -np 1 and -np 2 runs (a strong-scaling sweep); their run directories."""
-    plan = plan_sweep(
-        "strong",
-        (1, 2),
-        args.config,
-        out / "sweep",
-        global_batch=args.global_batch,
-        controller=args.controller,
-        overrides=[*common, "train.resume=false"],
+    """The horovodrun -np 1 and -np 2 runs (a strong-scaling sweep), then -np 1 with half the
+    global batch (a one-worker weak sweep, in ``out``/fit); their run directories."""
+    options = dict(controller=args.controller, overrides=[*common, "train.resume=false"])
+    strong = plan_sweep(
+        "strong", (1, 2), args.config, out / "sweep", global_batch=args.global_batch, **options
+    )
+    half = plan_sweep(
+        "weak", (1,), args.config, out / "fit", batch=args.global_batch // 2, **options
     )
     if not args.report_only:
-        run_sweep(plan, skip_prepare=True)
-    return {f"np{n}": plan.run_dir(n) for n in plan.nps}
+        run_sweep(strong, skip_prepare=True)
+        run_sweep(half, skip_prepare=True)
+    return {"np1": strong.run_dir(1), "np2": strong.run_dir(2), "np1-half": half.run_dir(1)}
 
 
 def measure(args: argparse.Namespace, runs: dict[str, Run]) -> dict:
@@ -230,7 +239,8 @@ def table_lines(args: argparse.Namespace, figures: dict) -> list[str]:
     count = len(figures["rounds"])
     rounds = f", {count} rounds in turn, medians" if count > 1 else ""
     return [
-        f"\nSame global work ({args.global_batch} graphs/step), one thread per worker, "
+        f"\nGlobal batch {args.global_batch} graphs/step (np1-half: {args.global_batch // 2}), "
+        "one thread per worker, "
         f"{args.epochs} epochs (first excluded){rounds}:",
         f"  {'run':<10}{'epoch s':>10}{'step sum s':>12}{'median step s':>16}",
         *(
@@ -308,6 +318,40 @@ def efficiency_lines(figures: dict) -> list[str]:
     return lines
 
 
+def check_prediction(runs: dict[str, Run], ceiling: float) -> maths.Validation:
+    """The scaling model's N = 2 prediction against one round's np2: fitted on its np1 and
+    np1-half, with the ``ceiling`` for 2 ranks, over the ``shared-memory`` network."""
+    (check,) = maths.validate_against(
+        [runs["np1"], runs["np2"]],
+        "strong",
+        maths.PRESETS["shared-memory"],
+        ceilings={2: ceiling},
+        also=[runs["np1-half"]],
+    )
+    return check
+
+
+def prediction_figures(checks: Sequence[maths.Validation]) -> dict:
+    """The rounds' checks of the prediction: the medians of their efficiencies and errors, then
+    each round's check under "rounds"."""
+    keys = ("predicted_efficiency", "measured_efficiency", "relative_error")
+    figures = {k: float(np.median([getattr(c, k) for c in checks])) for k in keys}
+    figures["rounds"] = [dataclasses.asdict(c) for c in checks]
+    return figures
+
+
+def prediction_lines(checks: Sequence[maths.Validation]) -> list[str]:
+    """The prediction's error (median, and each round's), then each round's terms."""
+    errors = sorted(c.relative_error for c in checks)
+    rounds = f" (rounds: {' '.join(f'{c.relative_error:+.1%}' for c in checks)})"
+    return [
+        "  the scaling model at N=2, fitted on each round's np1 and np1-half, against np2 on "
+        f"median steps: error {float(np.median(errors)):+.1%}"
+        f"{rounds if len(checks) > 1 else ''}",
+        *(f"    round {k}: {c.describe()}" for k, c in enumerate(checks, 1)),
+    ]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     common = common_overrides(args)
@@ -318,13 +362,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         )
     if not args.report_only:
         common += _one_keep_edge_term(args, common)
-    rounds = []
+    rounds, runs = [], []
     for k in range(1, args.rounds + 1):
         dirs = round_runs(args, common, round_dir(args, k))
-        rounds.append(measure(args, {name: read_run(path) for name, path in dirs.items()}))
+        runs.append({name: read_run(path) for name, path in dirs.items()})
+        rounds.append(measure(args, runs[-1]))
     figures = combine(args, rounds)
     figures["ceiling"] = ceiling_figures(args)
-    lines = [*table_lines(args, figures), *efficiency_lines(figures)]
+    checks = [check_prediction(r, figures["ceiling"]["ceiling"]) for r in runs]
+    figures["prediction_n2"] = prediction_figures(checks)
+    lines = [*table_lines(args, figures), *efficiency_lines(figures), *prediction_lines(checks)]
     print("\n".join(lines))
     if args.json:
         write_json(args.json, figures)

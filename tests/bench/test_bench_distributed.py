@@ -17,23 +17,30 @@ RUNS = {
     "mirrored2": (1, [[9.0], [8.1], [8.2]], 1),
     "sweep/strong-np1": (1, [[14.0], [13.5], [13.6]], 2),
     "sweep/strong-np2": (2, [[8.0, 8.1], [7.5, 7.6], [7.4, 7.7]], 1),
+    "fit/weak-np1": (1, [[7.0], [6.8], [6.9]], 1),
 }
 
 
+# Step times (the first two warm-up): the one-graph steps of np1-half take about half of np1's
+# two-graph ones, so the model's fit has a per-edge cost (every other run: 0.7 0.65 0.62 ...).
+HALF_STEP_S = [0.4, 0.36, 0.33, 0.31, 0.32, 0.34]
+
+
 def write_round(out, scale=1.0, local_s=None):
-    """The five runs of one round in ``out``: RUNS's epochs times ``scale``, the local run's
+    """The six runs of one round in ``out``: RUNS's epochs times ``scale``, the local run's
     epochs ``local_s`` if given."""
     for name, (n, epoch_s, batch) in RUNS.items():
         if name == "local" and local_s is not None:
             epoch_s = [[t] for t in local_s]
+        full = [0.7, 0.65, 0.62, 0.6, 0.61, 0.63]
         write_synthetic_run(
             out / name,
             n,
             epoch_s=[[scale * t for t in epoch] for epoch in epoch_s],
-            step_s=[0.7, 0.65, 0.62, 0.6, 0.61, 0.63],
+            step_s=HALF_STEP_S if name == "fit/weak-np1" else full,
             batch_graphs=batch,
             global_batch_graphs=2,
-            info={"edges_processed": 1200},
+            info={"edges_processed": 1200, "local_size": n},
         )
 
 
@@ -48,31 +55,49 @@ def test_report_only_computes_the_figures_of_the_runs_in_out(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert (
         lines[1]
-        == "Same global work (2 graphs/step), one thread per worker, 3 epochs (first excluded):"
+        == "Global batch 2 graphs/step (np1-half: 1), one thread per worker, 3 epochs (first "
+        "excluded):"
     )
-    assert [line.split()[0] for line in lines[3:8]] == [
+    assert [line.split()[0] for line in lines[3:9]] == [
         "local",
         "np1",
         "np2",
+        "np1-half",
         "mirrored1",
         "mirrored2",
     ]
     assert lines[3].split()[1:] == ["12.55", "1.23", "0.6150"]
-    assert lines[8] == (
+    assert lines[9] == (
         "  ceiling for 2 ranks here: a rank's step (8000 nodes, 22000 edges) 400 ms alone, "
         "450 ms two at once, in turn -> t_alone/t_together 0.889 (median of 1)"
     )
     # Compute per edge: the steps after the 2 warm-up ones take 0.62, 0.60, 0.61, 0.63 s, less
     # 0.01 s of data: median 0.605 s over 200 edges (np1, 2 graphs a step), over 100 (np2).
-    assert lines[9] == (
+    assert lines[10] == (
         "  the Horovod ranks' own contention: np1's compute per edge / np2's 0.500 "
         "(3025.000 / 6050.000 us, median steps)"
     )
-    assert lines[10].startswith("  horovod strong-scaling efficiency t1/(2*t2): 0.886 on epochs")
-    assert lines[10].endswith("; 0.996 of the ceiling on epochs")
-    assert lines[11].startswith("  mirrored strong-scaling efficiency t1/(2*t2): 0.773 on epochs")
-    assert lines[12] == "  Horovod overhead on one rank: +8.0% on epochs (+0.0% on steps)"
+    assert lines[11].startswith("  horovod strong-scaling efficiency t1/(2*t2): 0.886 on epochs")
+    assert lines[11].endswith("; 0.996 of the ceiling on epochs")
+    assert lines[12].startswith("  mirrored strong-scaling efficiency t1/(2*t2): 0.773 on epochs")
+    assert lines[13] == "  Horovod overhead on one rank: +8.0% on epochs (+0.0% on steps)"
+    # The model at N=2, fitted on np1's steps (0.62 0.60 0.61 0.63 s at 200 edges) and
+    # np1-half's (0.33 0.31 0.32 0.34 s at 100): 2.9 ms an edge and 35 ms a step, over the
+    # ceiling 0.889 for np2's 100 edges a rank; measured 0.615 / (2 x 0.616).
+    assert lines[14] == (
+        "  the scaling model at N=2, fitted on each round's np1 and np1-half, against np2 on "
+        "median steps: error +60.6%"
+    )
+    assert lines[15].startswith(
+        "    round 1: N=2 (shared-memory): predicted efficiency 0.802, measured 0.499, error "
+        "+60.6% (step 383.84 ms predicted = compute 326.25 + fixed 39.37 + straggler "
+    )
     figures = json.loads((tmp_path / "f.json").read_text())
+    (check,) = figures["prediction_n2"]["rounds"]
+    assert check["predicted_compute_s"] == pytest.approx(0.0029 * 100 / (0.40 / 0.45))
+    assert check["predicted_fixed_s"] == pytest.approx(0.035 / (0.40 / 0.45))
+    assert check["measured_efficiency"] == pytest.approx(0.615 / (2 * 0.616))
+    assert figures["prediction_n2"]["relative_error"] == check["relative_error"]
     assert list(figures)[:9] == [
         "config", "global_batch_graphs", "epochs", "epoch_s", "median_step_s",
         "edges_per_epoch", "horovod_overhead_epoch", "horovod_overhead_step", "epoch_step_sum_s",
@@ -105,11 +130,11 @@ def test_rounds_give_the_median_of_each_rounds_own_figures(tmp_path, capsys):
         lines[3] == "  local          14.00        1.23          0.6150 (rounds: 12.55 15.06 14.00)"
     )
     # np1 13.55 s, np2 7.65 s: the same efficiency in rounds 1 and 2 (the scale cancels)
-    assert lines[10].startswith(
+    assert lines[11].startswith(
         "  horovod strong-scaling efficiency t1/(2*t2): 0.886 on epochs (rounds: 0.886 0.886 0.886)"
     )
     # overhead: +8.0% (rounds 1 and 2), 13.55 / 14.00 - 1 = -3.2% (round 3): median +8.0%
-    assert lines[12] == (
+    assert lines[13] == (
         "  Horovod overhead on one rank: +8.0% on epochs (rounds: +8.0% +8.0% -3.2%) "
         "(+0.0% on steps)"
     )
@@ -145,7 +170,7 @@ def test_report_only_without_a_measured_ceiling_says_so(tmp_path):
         )
 
 
-def test_it_prepares_then_trains_each_round_local_horovod_then_mirrored(tmp_path, monkeypatch):
+def test_it_prepares_then_trains_each_round_local_horovod_half_then_mirrored(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(distributed.subprocess, "run", lambda cmd, check: calls.append(cmd))
     monkeypatch.setattr(distributed, "run_sweep", lambda plan, skip_prepare: calls.append(plan))
@@ -156,7 +181,7 @@ def test_it_prepares_then_trains_each_round_local_horovod_then_mirrored(tmp_path
     monkeypatch.setattr(distributed, "read_run", stop)
     with pytest.raises(StopIteration):
         distributed.main(["--out", str(tmp_path), "--max-steps", "5", "--controller", "mpi"])
-    prepare, local, plan, mirrored1, mirrored2 = calls
+    prepare, local, plan, half, mirrored1, mirrored2 = calls
     assert prepare[1:3] == ["-m", "hvdtrack.prepare"]
     common = ["train.epochs=4", "train.progress_bar=false", "distributed.threads_per_worker=1"]
     common += ["train.validate_every_epochs=1000", "train.max_steps_per_epoch=5"]
@@ -179,3 +204,6 @@ def test_it_prepares_then_trains_each_round_local_horovod_then_mirrored(tmp_path
     )
     assert plan.out_dir == out / "sweep"
     assert plan.overrides == (*common, "train.resume=false")
+    # then np1 with half the global batch, for the model's fit
+    assert (half.mode, half.nps, half.controller, half.batches) == ("weak", (1,), "mpi", {1: 1})
+    assert (half.out_dir, half.overrides) == (out / "fit", plan.overrides)

@@ -258,6 +258,9 @@ def test_a_drift_all_ranks_share_makes_no_straggler():
     drifting = StepModel(0.1, 1e-4, (2000,) * 4, (-0.15, -0.05, 0.05, 0.15), 4_000_000)
     assert maths.straggler_wait(drifting, 2, "weak") == pytest.approx(0.0)
     assert maths.straggler_wait(drifting, 8, "strong") == pytest.approx(0.0)
+    # nor where the ranks' graphs come from epoch plans (all alike): the drift is no spread
+    planned = dataclasses.replace(drifting, graph_edges=(1000.0,) * 40, graphs_per_step=2)
+    assert maths.straggler_wait(planned, 2, "strong") == pytest.approx(0.0)
     # The same steps in another order: the noise from step to step is real.
     jumping = dataclasses.replace(drifting, residuals_s=(-0.15, 0.15, -0.05, 0.05))
     assert maths.straggler_wait(jumping, 2, "weak") > 0.05
