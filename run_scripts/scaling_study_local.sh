@@ -16,30 +16,30 @@ common=(train.epochs=4 train.max_steps_per_epoch=20 train.validate_every_epochs=
         distributed.threads_per_worker=1 train.progress_bar=false train.resume=false)
 
 # Strong scaling (global batch 2 graphs) and Horovod overhead (local run vs horovodrun -np 1),
-# the five runs trained $rounds times in turn; the reports below are of the last round's runs,
-# the one trained right before the weak sweep whose N=1 run joins their fit.
+# the six runs trained $rounds times in turn; the strong reports below are of the last round's
+# runs, whose np1 with half the global batch (fit/weak-np1) joins their fit: the strong N=1's
+# steps (2 graphs) alone span too few edges to tell its fixed cost from its per-edge cost.
 rounds="${ROUNDS:-3}"
 "$py" -m hvdtrack.bench distributed --config "$config" --out "$out/strong" --epochs 4 \
     --global-batch 2 --max-steps 20 --rounds "$rounds" --json "$out/distributed-bench.json" \
     | tee "$out/bench.txt"
 strong="$out/strong/round-$rounds/sweep"
+half="$out/strong/round-$rounds/fit/weak-np1"
 # Weak scaling: 1 graph per worker per step.
 "$py" -m hvdtrack.scaling run --mode weak --np 1,2 --config "$config" --batch 1 \
     --out "$out/weak" --skip-prepare "${common[@]}"
 
 mkdir -p "$docs"
 # The machine's ceiling for 2 ranks, measured by the bench above, enters the reports' and the
-# prediction's checks against the measured N = 2, with the other sweep's N=1 run in the fit.
+# prediction's checks against the measured N = 2, with a run of the other batch size in the fit.
 ceiling="$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["ceiling"])' \
     "$out/strong/ceiling.json")"
 "$py" -m hvdtrack.scaling report "$strong/strong-np1" "$strong/strong-np2" \
-    --mode strong --ceiling "2=$ceiling" --fit-also "$out"/weak/weak-np1 --out "$docs/strong"
+    --mode strong --ceiling "2=$ceiling" --fit-also "$half" --out "$docs/strong"
 "$py" -m hvdtrack.scaling report "$out"/weak/weak-np1 "$out"/weak/weak-np2 --mode weak \
     --ceiling "2=$ceiling" --fit-also "$strong/strong-np1" --out "$docs/weak"
-# The weak sweep's N=1 (1 graph a step) joins the fit of the step's cost: the strong N=1's steps
-# (2 graphs) alone span too few edges to tell its fixed cost from its per-edge cost.
 "$py" -m hvdtrack.scaling predict "$strong/strong-np1" "$strong/strong-np2" \
-    --mode strong --ceiling "2=$ceiling" --fit-also "$out"/weak/weak-np1 \
+    --mode strong --ceiling "2=$ceiling" --fit-also "$half" \
     | tee "$docs/prediction-strong.txt"
 cp "$out/distributed-bench.json" "$docs/distributed-bench.json"
 cp "$out/bench.txt" "$docs/distributed-bench.txt"

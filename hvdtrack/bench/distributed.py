@@ -14,7 +14,7 @@ and prints the strong-scaling efficiency t1 / (2 * t2) of each strategy and the 
 study's figure) and, as a cross-check, from the median step times, all recorded by the runs
 themselves (``timing.jsonl``). With every epoch accounted for, the two agree.
 
-The five runs are trained in turn, ``--rounds`` times in that order (``--out``/round-<k>/), and
+The six runs are trained in turn, ``--rounds`` times in that order (``--out``/round-<k>/), and
 each figure is the median of the rounds' own figures, each round's printed beside it: a machine
 that drifts by several percent between runs minutes apart (docs/scaling/README.md) moves every
 run of a round alike, so a ratio within a round is not the drift between two runs far apart.
