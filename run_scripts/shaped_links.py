@@ -18,7 +18,8 @@ An iteration takes its slowest rank's time; the table shows the median, beside t
 allreduce (``hvdtrack.scaling.maths.ring_allreduce_time`` at that bandwidth and the measured
 latency), the ring plus Horovod's cycle wait (``maths.cycle_wait``), and the ring at the
 measured goodput (TCP/IP framing and the acknowledgements sharing the link take 4% of a
-shaped rate), with their errors. With
+shaped rate), and the ring at the link's bidirectional goodput (both hosts sending the bytes to
+each other at once, as osu_bibw measures a link and as a ring uses it), with their errors. With
 "none" among the rates, a second table compares what shaping adds to the bare link's time with
 the ring's transfer term. The hosts are stopped at the end, whatever happens (SIGINT and SIGTERM
 included).
@@ -165,6 +166,35 @@ for _ in range(int(sys.argv[3])):
 print(statistics.median(times[1:]))
 """
 
+# Both ends at once, as osu_bibw measures a link: on a "g" from h1, each sends the bytes to the
+# other while receiving the other's; the client times one exchange from its "g" until it has
+# sent its bytes and received h2's.
+BIDI_SERVER = """
+import socket, sys, threading
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 5999)); s.listen(1); print("ready", flush=True)
+c, _ = s.accept(); size = int(sys.argv[2]); payload = bytes(size)
+while c.recv(1):
+    sender = threading.Thread(target=c.sendall, args=(payload,)); sender.start(); got = 0
+    while got < size and (b := c.recv(1 << 20)):
+        got += len(b)
+    sender.join()
+    if got < size:
+        break
+"""
+BIDI_CLIENT = """
+import socket, statistics, sys, threading, time
+c = socket.create_connection((sys.argv[1], 5999)); size = int(sys.argv[2]); payload = bytes(size)
+times = []
+for _ in range(int(sys.argv[3])):
+    t = time.perf_counter(); c.sendall(b"g")
+    sender = threading.Thread(target=c.sendall, args=(payload,)); sender.start(); got = 0
+    while got < size:
+        got += len(c.recv(1 << 20))
+    sender.join(); times.append(time.perf_counter() - t)
+print(statistics.median(times[1:]))
+"""
+
 
 def between_h1_and_h2(addresses: list[str], server: str, client: str, *args: str) -> float:
     """Runs ``server`` on h2 and ``client`` on h1 (Python programs given h2's address and
@@ -196,6 +226,15 @@ def link_goodput_gbit(addresses: list[str], num_bytes: int, latency_s: float) ->
     measure a real link: ``num_bytes`` sent, answered by one byte, 6 times on one connection;
     the bytes over the median time less a round trip (the first time dropped: slow start)."""
     seconds = between_h1_and_h2(addresses, BULK_SERVER, BULK_CLIENT, str(num_bytes), "6")
+    return num_bytes * 8 / (seconds - 2 * latency_s) / 1e9
+
+
+def link_bidi_goodput_gbit(addresses: list[str], num_bytes: int, latency_s: float) -> float:
+    """What each direction delivers while h1 and h2 send ``num_bytes`` to each other at once,
+    as osu_bibw would measure a real link: the way a ring uses it, each host sending to one
+    neighbour while receiving from the other (its egress carries its data and the
+    acknowledgements of what it receives). Median of 5 after one, less a round trip."""
+    seconds = between_h1_and_h2(addresses, BIDI_SERVER, BIDI_CLIENT, str(num_bytes), "6")
     return num_bytes * 8 / (seconds - 2 * latency_s) / 1e9
 
 
@@ -303,7 +342,7 @@ def main() -> None:
     )
     header = f"{'N':>3} {'bandwidth':>9} {'latency':>8} {'measured ms':>11} {'ring ms':>8} "
     header += f"{'err':>7} {'ring+cycle ms':>13} {'err':>7} {'goodput':>9} {'ring@gp ms':>10} "
-    header += f"{'err':>7}"
+    header += f"{'err':>7} {'bibw':>9} {'ring@bibw':>10} {'err':>7}"
     with own_hosts(max(ns)) as env_lines:
         addresses = next(
             line.split("=", 1)[1].strip("'").split()
@@ -326,12 +365,15 @@ def main() -> None:
             net = maths.NetworkModel(rate_name, gbit, latency_us)
             goodput = link_goodput_gbit(addresses, args.gradient_bytes, latency_s)
             measured_net = maths.NetworkModel(rate_name, goodput, latency_us)
+            bidi = link_bidi_goodput_gbit(addresses, args.gradient_bytes, latency_s)
+            bidi_net = maths.NetworkModel(rate_name, bidi, latency_us)
             for n in ns:
                 times = time_allreduce(n, addresses, args)
                 measured = statistics.median(times)
                 ring = maths.ring_allreduce_time(args.gradient_bytes, n, net)
                 cycle = maths.cycle_wait(args.gradient_bytes, args.cycle_ms * 1e-3)
                 ring_gp = maths.ring_allreduce_time(args.gradient_bytes, n, measured_net)
+                ring_bidi = maths.ring_allreduce_time(args.gradient_bytes, n, bidi_net)
                 row = {
                     "n": n,
                     "bandwidth_gbps": gbit,
@@ -343,6 +385,8 @@ def main() -> None:
                     "ring_cycle_ms": (ring + cycle) * 1e3,
                     "goodput_gbps": goodput,
                     "ring_goodput_ms": ring_gp * 1e3,
+                    "bidi_goodput_gbps": bidi,
+                    "ring_bidi_ms": ring_bidi * 1e3,
                 }
                 rows.append(row)
                 print(
@@ -350,7 +394,8 @@ def main() -> None:
                     f"{ring * 1e3:>8.2f} {(ring - measured) / measured:>+7.1%} "
                     f"{(ring + cycle) * 1e3:>13.2f} {(ring + cycle - measured) / measured:>+7.1%} "
                     f"{goodput * 1e3:>6.1f}Mb {ring_gp * 1e3:>10.2f} "
-                    f"{(ring_gp - measured) / measured:>+7.1%}",
+                    f"{(ring_gp - measured) / measured:>+7.1%} {bidi * 1e3:>6.1f}Mb "
+                    f"{ring_bidi * 1e3:>10.2f} {(ring_bidi - measured) / measured:>+7.1%}",
                     flush=True,
                 )
     floors = {r["n"]: r for r in rows if r["bandwidth_gbps"] == math.inf}
@@ -358,22 +403,25 @@ def main() -> None:
     if shaped:
         print("\nwhat shaping adds (measured minus the bare veth at the same N; model: the ring's")
         print("transfer term 2(N-1)/N B / bandwidth, the software floor being the same in both):")
-        print("at the nominal rate and at the link's measured goodput:")
+        print("at the nominal rate, the link's measured goodput and its bidirectional goodput:")
         print(
-            f"{'N':>3} {'bandwidth':>9} {'added ms':>9} {'model ms':>9} {'err':>7} {'@gp ms':>9} {'err':>7}"
+            f"{'N':>3} {'bandwidth':>9} {'added ms':>9} {'model ms':>9} {'err':>7} {'@gp ms':>9} "
+            f"{'err':>7} {'@bibw ms':>9} {'err':>7}"
         )
         for r in shaped:
             added = r["measured_ms"] - floors[r["n"]]["measured_ms"]
             model = r["ring_ms"] - floors[r["n"]]["ring_ms"]
             model_gp = r["ring_goodput_ms"] - floors[r["n"]]["ring_ms"]
-            r |= {"added_ms": added, "added_model_ms": model, "added_goodput_model_ms": model_gp}
+            model_bidi = r["ring_bidi_ms"] - floors[r["n"]]["ring_ms"]
+            r |= {"added_ms": added, "added_model_ms": model, "added_goodput_model_ms": model_gp,
+                  "added_bidi_model_ms": model_bidi}  # fmt: skip
             errs = [
                 f"{(m - added) / added:>+7.1%}" if added > 0 else "    n/a"
-                for m in (model, model_gp)
+                for m in (model, model_gp, model_bidi)
             ]
             print(
                 f"{r['n']:>3} {r['bandwidth_gbps']:>7g}Gb {added:>9.2f} {model:>9.2f} {errs[0]} "
-                f"{model_gp:>9.2f} {errs[1]}"
+                f"{model_gp:>9.2f} {errs[1]} {model_bidi:>9.2f} {errs[2]}"
             )
     if args.json:
         for r in rows:  # strict JSON: the bare link's bandwidth as null

@@ -181,7 +181,7 @@ def _predict(args: argparse.Namespace) -> None:
     cycle_ms = maths.cycle_wait(model.gradient_bytes, model.cycle_s, model.fusion_bytes) * 1e3
     print(
         f"N=1 exchange (one rank through Horovod's loop): measured {model.exchange_s * 1e3:.2f} "
-        f"ms, cycle term {cycle_ms:.2f} ms"
+        f"ms, the cycle's wait {cycle_ms:.2f} ms; the cycle term takes the longer"
     )
     for note in model.notes:
         print(f"  note: {note}")

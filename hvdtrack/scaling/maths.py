@@ -16,19 +16,20 @@ step of N workers, fed by the N=1 run's measured steps (``baseline_inputs`` -> `
   wait) on the step's edges E. Strong scaling: E_N = mean(E) / N; weak: E_N = mean(E).
 - straggler(N): E[max over N ranks] - mean of per-rank work b e + r (``straggler_wait``): e the
   rank's edges in the epoch plans for N ranks, else a share of an N=1 step's edges; r a
-  step-to-step change of the fit's residuals (a drift is common to all ranks); deterministic.
+  step-to-step change of the fit's residuals (a drift is common to all ranks), times the rank's
+  share of an N=1 step's work (strong: 1/N; the spread grows with the work); deterministic.
 - ceiling (0, 1]: t_alone / t_concurrent when ranks share a host (``bench distributed``'s
   "ceiling"); 1.0 unless given.
 - cycle: Horovod's background loop picks up the gradients on average half a cycle after they are
   ready, once per fused round: ceil(B / fusion buffer) x cycle / 2 (``cycle_wait``); the cycle
   from run.json's config (``distributed.horovod_cycle_time_ms``), else Horovod 0.28.1's default
-  1 ms; the fusion buffer is Horovod's default, 128 MiB.
+  1 ms; the fusion buffer is Horovod's default, 128 MiB. Where the N=1 run's measured exchange
+  (one rank through the loop) is longer, that: the loop's own work beside its wait.
 - t(N): ring allreduce of the B gradient bytes, no overlap with compute:
   t(N) = 2(N-1)/N * B / bandwidth + 2(N-1) * latency (``ring_allreduce_time``).
 
 At N = 1 the model's step is a + b mean(E) + cycle: hvdtrack's exchange (``hvd.grouped_allreduce``,
-which has no one-rank shortcut, unlike ``DistributedGradientTape``) goes through Horovod's loop
-on one rank too; the N=1 run's measured exchange (``StepModel.exchange_s``) checks that term.
+no one-rank shortcut) goes through Horovod's loop on one rank too (``StepModel.exchange_s``).
 Strong-scaling efficiency step(1) / (N step(N)), weak step(1) / step(N). ``validate_against``
 puts each term beside what a measured run shows: its exchange (cycle, allreduce and the wait for
 slower ranks) and its straggler (slowest rank minus the ranks' mean, without the exchange).
@@ -140,9 +141,8 @@ class NetworkModel:
     note: str = ""
 
 
-# shared-memory: the ring model fitted to Horovod 0.28.1 Gloo allreduces of 2 ranks on this
-# 2-core VM (eager, 4 KiB-16 MiB, median of 10: 4.33-30.3 ms); its "latency" is mostly eager
-# dispatch and the 1 ms cycle (whose half ``cycle_wait`` adds again), not the wire.
+# shared-memory: the ring model fitted to Horovod 0.28.1 Gloo allreduces of 2 ranks on a 2-core
+# VM (eager, 4 KiB-16 MiB, median of 10: 4.33-30.3 ms); its "latency" is mostly eager dispatch.
 PRESETS: dict[str, NetworkModel] = {
     net.name: net
     for net in (
@@ -235,9 +235,7 @@ class Validation:
 
     def describe(self) -> str:
         names = ("compute", "fixed", "straggler", "cycle", "allreduce")
-        terms = " + ".join(
-            f"{name} {getattr(self, f'predicted_{name}_s') * 1e3:.2f}" for name in names
-        )
+        terms = " + ".join(f"{n} {getattr(self, f'predicted_{n}_s') * 1e3:.2f}" for n in names)
         return (
             f"N={self.n} ({self.network}): predicted efficiency {self.predicted_efficiency:.3f}, "
             f"measured {self.measured_efficiency:.3f}, error {self.relative_error:+.1%} "
@@ -269,13 +267,14 @@ def cycle_wait(
 def straggler_wait(model: StepModel, n: int, mode: str) -> float:
     """Seconds the slowest of ``n`` ranks adds to the mean rank's step: E[max] - mean of the
     ranks' work b * e + r, r drawn per rank from the residuals' successive differences /
-    sqrt(2) (their spread without the machine's drift, which all ranks share). e: the ranks'
-    edges in epoch plans where they can be drawn (``straggler.planned_shares``), else
+    sqrt(2) (their spread without the machine's drift, which all ranks share), centred, times
+    1/n in strong scaling. e: the ranks' edges in epoch plans where they can be drawn
+    (``straggler.planned_shares``), else
     independent draws: weak, e = E_k, an N=1 step's edges; strong, a rank's G/n graphs have
     the mean share and sqrt(1/n) of the spread, e = mean(E)/n + (E_k - mean(E))/sqrt(n)."""
     edges, residuals = np.asarray(model.edges), np.asarray(model.residuals_s)
     noise = np.diff(residuals) / math.sqrt(2) if residuals.size > 1 else np.zeros(1)
-    noise -= noise.mean()  # a drift over the run is no spread between ranks
+    noise = (noise - noise.mean()) / (n if mode == "strong" else 1)
     graphs = (model.graph_edges, model.graphs_per_step, model.sort_window)
     shares = planned_shares(*graphs, n, mode) if n > 1 else None
     if shares is not None:
@@ -300,7 +299,8 @@ def predict_scaling(
         raise ValueError(f"ceiling must be > 0 (t_alone / t_concurrent), got {ceiling}")
     if mode not in ("strong", "weak"):
         raise ValueError(f"mode must be 'strong' or 'weak', got {mode!r}")
-    cycle = cycle_wait(model.gradient_bytes, model.cycle_s, model.fusion_bytes)
+    wait = cycle_wait(model.gradient_bytes, model.cycle_s, model.fusion_bytes)
+    cycle = max(wait, model.exchange_s)  # the N=1 run's exchange, where longer
     out = []
     for n in ns:
         slow = 1.0 if n == 1 else 1.0 / ceiling
