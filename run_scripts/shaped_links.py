@@ -176,7 +176,7 @@ s.bind((sys.argv[1], 5999)); s.listen(1); print("ready", flush=True)
 c, _ = s.accept(); size = int(sys.argv[2]); payload = bytes(size)
 while c.recv(1):
     sender = threading.Thread(target=c.sendall, args=(payload,)); sender.start(); got = 0
-    while got < size and (b := c.recv(1 << 20)):
+    while got < size and (b := c.recv(min(1 << 20, size - got))):  # not the next "g"
         got += len(b)
     sender.join()
     if got < size:
@@ -189,8 +189,8 @@ times = []
 for _ in range(int(sys.argv[3])):
     t = time.perf_counter(); c.sendall(b"g")
     sender = threading.Thread(target=c.sendall, args=(payload,)); sender.start(); got = 0
-    while got < size:
-        got += len(c.recv(1 << 20))
+    while got < size and (b := c.recv(min(1 << 20, size - got))):
+        got += len(b)
     sender.join(); times.append(time.perf_counter() - t)
 print(statistics.median(times[1:]))
 """
