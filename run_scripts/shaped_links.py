@@ -8,14 +8,15 @@
 As root: starts max(N) hosts with run_scripts/test_hosts.sh (network namespaces, an sshd each)
 and, for each rate, shapes every host's outgoing link (the namespace end of its veth) with tbf
 ("none": the bare veth), measures the link's one-way latency (half the median round trip of
-1-byte TCP messages from h1 to h2, Python at both ends) and its goodput (what one TCP stream
+1-byte TCP messages from h1 to h2, Python at both ends), its goodput (what one TCP stream
 delivers from h1 to h2, as iperf or osu_bw would measure a real link: the gradient's bytes,
-answered by one byte, median of 5 after one), then for each N runs
+answered by one byte, median of 5 after one) and its bidirectional goodput (h1 and h2 sending
+those bytes to each other at once, as osu_bibw would), then for each N runs
 ``horovodrun -np N -H h1..hN --gloo`` over the hosts: every rank allreduces a float32 tensor of
 the default model's gradient bytes (runs/default/run.json's ``gradient_bytes``, or
 ``--gradient-bytes``), ``--warmup`` times untimed, then ``--repeats`` times, each after a barrier.
 An iteration takes its slowest rank's time; the table shows the median, beside the model's ring
-allreduce (``hvdtrack.scaling.maths.ring_allreduce_time`` at that bandwidth and the measured
+allreduce (``hvdtrack.scaling.network.ring_allreduce_time`` at that bandwidth and the measured
 latency), the ring plus Horovod's cycle wait (``maths.cycle_wait``), and the ring at the
 measured goodput (TCP/IP framing and the acknowledgements sharing the link take 4% of a
 shaped rate), and the ring at the link's bidirectional goodput (both hosts sending the bytes to
@@ -328,7 +329,7 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(REPO))
-    from hvdtrack.scaling import maths
+    from hvdtrack.scaling import maths, network
 
     args.gradient_bytes = args.gradient_bytes or default_gradient_bytes()
     ns = [int(n) for n in args.ns.split(",")]
@@ -362,18 +363,18 @@ def main() -> None:
             shape(max(ns), gbit, args.delay_ms, args.burst_us, args.queue_ms)
             latency_s = link_latency_s(addresses)
             latency_us = latency_s * 1e6
-            net = maths.NetworkModel(rate_name, gbit, latency_us)
+            net = network.NetworkModel(rate_name, gbit, latency_us)
             goodput = link_goodput_gbit(addresses, args.gradient_bytes, latency_s)
-            measured_net = maths.NetworkModel(rate_name, goodput, latency_us)
+            measured_net = network.NetworkModel(rate_name, goodput, latency_us)
             bidi = link_bidi_goodput_gbit(addresses, args.gradient_bytes, latency_s)
-            bidi_net = maths.NetworkModel(rate_name, bidi, latency_us)
+            bidi_net = network.NetworkModel(rate_name, bidi, latency_us)
             for n in ns:
                 times = time_allreduce(n, addresses, args)
                 measured = statistics.median(times)
-                ring = maths.ring_allreduce_time(args.gradient_bytes, n, net)
+                ring = network.ring_allreduce_time(args.gradient_bytes, n, net)
                 cycle = maths.cycle_wait(args.gradient_bytes, args.cycle_ms * 1e-3)
-                ring_gp = maths.ring_allreduce_time(args.gradient_bytes, n, measured_net)
-                ring_bidi = maths.ring_allreduce_time(args.gradient_bytes, n, bidi_net)
+                ring_gp = network.ring_allreduce_time(args.gradient_bytes, n, measured_net)
+                ring_bidi = network.ring_allreduce_time(args.gradient_bytes, n, bidi_net)
                 row = {
                     "n": n,
                     "bandwidth_gbps": gbit,

@@ -151,7 +151,7 @@ def _report(args: argparse.Namespace) -> None:
 def _predict(args: argparse.Namespace) -> None:
     import pandas as pd
 
-    from hvdtrack.scaling import maths, report, sweep
+    from hvdtrack.scaling import maths, network, report, sweep
 
     if args.interconnect == "custom" and None in (args.bandwidth_gbps, args.latency_us):
         raise ConfigError("--interconnect custom needs --bandwidth-gbps and --latency-us")
@@ -168,7 +168,7 @@ def _predict(args: argparse.Namespace) -> None:
     if built.prediction is None:  # a note says why
         raise DataError(next(n for n in built.notes if n.startswith("no prediction")))
     model = maths.StepModel(**built.prediction["model"])
-    network = maths.network_from_config(built.scaling)
+    link = network.network_from_config(built.scaling)
     ceiling = ceilings.get(args.ranks_per_host, 1.0)
     print(
         f"{built.mode} scaling of {built.config_name}: single-worker step {model.step_s * 1e3:.2f}"
@@ -185,9 +185,9 @@ def _predict(args: argparse.Namespace) -> None:
     )
     for note in model.notes:
         print(f"  note: {note}")
-    print(f"network {network.name}: {network.bandwidth_gbps:g} Gb/s, {network.latency_us:g} us")
+    print(f"network {link.name}: {link.bandwidth_gbps:g} Gb/s, {link.latency_us:g} us")
     ns = sweep.parse_worker_counts(args.ns)
-    preds = maths.predict_scaling(model, network, built.mode, ns, ceiling)
+    preds = maths.predict_scaling(model, link, built.mode, ns, ceiling)
     table = pd.DataFrame(map(dataclasses.asdict, preds))
     terms = ("compute", "fixed", "straggler", "cycle", "allreduce", "step")
     ms = {f"{t}_s": f"{t} ms" for t in terms}

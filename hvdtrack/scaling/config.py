@@ -7,7 +7,7 @@ from typing import Literal, Optional
 
 from hvdtrack.configtools import check
 
-#: Interconnects with a preset (bandwidth, latency) in ``hvdtrack.scaling.maths.PRESETS``.
+#: Interconnects with a preset (bandwidth, latency) in ``hvdtrack.scaling.network.PRESETS``.
 Interconnect = Literal["nvlink", "infiniband-hdr", "ethernet-25g", "shared-memory", "custom"]
 
 

@@ -16,17 +16,19 @@ step of N workers, fed by the N=1 run's measured steps (``baseline_inputs`` -> `
   wait) on the step's edges E. Strong scaling: E_N = mean(E) / N; weak: E_N = mean(E).
 - straggler(N): E[max over N ranks] - mean of per-rank work b e + r (``straggler_wait``): e the
   rank's edges in the epoch plans for N ranks, else a share of an N=1 step's edges; r a
-  step-to-step change of the fit's residuals (a drift is common to all ranks), times the rank's
-  share of an N=1 step's work (strong: 1/N; the spread grows with the work); deterministic.
+  step-to-step change of the fit's residuals, centred (a drift is common to all ranks), times
+  the rank's share of an N=1 step's work (strong: 1/N; the spread grows with the work);
+  deterministic.
 - ceiling (0, 1]: t_alone / t_concurrent when ranks share a host (``bench distributed``'s
   "ceiling"); 1.0 unless given.
 - cycle: Horovod's background loop picks up the gradients on average half a cycle after they are
   ready, once per fused round: ceil(B / fusion buffer) x cycle / 2 (``cycle_wait``); the cycle
   from run.json's config (``distributed.horovod_cycle_time_ms``), else Horovod 0.28.1's default
   1 ms; the fusion buffer is Horovod's default, 128 MiB. Where the N=1 run's measured exchange
-  (one rank through the loop) is longer, that: the loop's own work beside its wait.
+  (one rank through the loop) is longer, that: the loop's own work beside its wait. None for
+  strategies without Horovod's loop.
 - t(N): ring allreduce of the B gradient bytes, no overlap with compute:
-  t(N) = 2(N-1)/N * B / bandwidth + 2(N-1) * latency (``ring_allreduce_time``).
+  t(N) = 2(N-1)/N * B / bandwidth + 2(N-1) * latency (``network.ring_allreduce_time``).
 
 At N = 1 the model's step is a + b mean(E) + cycle: hvdtrack's exchange (``hvd.grouped_allreduce``,
 no one-rank shortcut) goes through Horovod's loop on one rank too (``StepModel.exchange_s``).
@@ -36,9 +38,9 @@ slower ranks) and its straggler (slowest rank minus the ranks' mean, without the
 
 Public symbols: ``STEP_FIELDS``, ``step_statistics``, ``step_times``, ``epoch_step_time``,
 ``epoch_times``, ``epoch_time``, ``epoch_work``, ``efficiency``, ``DEFAULT_NS``,
-``HOROVOD_CYCLE_S``, ``HOROVOD_FUSION_BYTES``, ``NetworkModel``, ``PRESETS``, ``StepModel``,
-``Prediction``, ``Validation``, ``ring_allreduce_time``, ``cycle_wait``, ``straggler_wait``,
-``predict_scaling``, ``network_from_config``, ``baseline_inputs``, ``validate_against``.
+``HOROVOD_CYCLE_S``, ``HOROVOD_FUSION_BYTES``, ``StepModel``, ``Prediction``, ``Validation``,
+``cycle_wait``, ``straggler_wait``, ``predict_scaling``, ``baseline_inputs``,
+``validate_against``. The links: ``hvdtrack.scaling.network``.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ import pandas as pd
 
 from hvdtrack.errors import DataError
 from hvdtrack.runs.timing import EpochTiming, Run, StepTiming
-from hvdtrack.scaling.config import ScalingConfig
+from hvdtrack.scaling.network import PRESETS, NetworkModel, ring_allreduce_time
 from hvdtrack.scaling.straggler import (
     independent_straggler,
     planned_shares,
@@ -132,29 +134,6 @@ HOROVOD_FUSION_BYTES = 128 * 1024 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
-class NetworkModel:
-    """A link for the ring model: bandwidth in gigabits/s (per direction), latency in us."""
-
-    name: str
-    bandwidth_gbps: float
-    latency_us: float
-    note: str = ""
-
-
-# shared-memory: the ring model fitted to Horovod 0.28.1 Gloo allreduces of 2 ranks on a 2-core
-# VM (eager, 4 KiB-16 MiB, median of 10: 4.33-30.3 ms); its "latency" is mostly eager dispatch.
-PRESETS: dict[str, NetworkModel] = {
-    net.name: net
-    for net in (
-        NetworkModel("nvlink", 2400.0, 3.0, "NVLink 3 through NVSwitch (A100: 300 GB/s each way)"),
-        NetworkModel("infiniband-hdr", 200.0, 2.0, "InfiniBand HDR, a 200 Gb/s port per node"),
-        NetworkModel("ethernet-25g", 25.0, 25.0, "25 Gb Ethernet with TCP"),
-        NetworkModel("shared-memory", 5.15, 2217.0, "measured here: Gloo over loopback, 1 host"),
-    )
-}
-
-
-@dataclasses.dataclass(frozen=True)
 class StepModel:
     """One worker's step as the N=1 run measured it: the model's inputs (``baseline_inputs``).
 
@@ -168,8 +147,8 @@ class StepModel:
       gradient_bytes: bytes of all gradients (one allreduce's worth per step).
       cycle_s: Horovod's cycle (HOROVOD_CYCLE_TIME); 0 for strategies without one.
       fusion_bytes: Horovod's fusion buffer (HOROVOD_FUSION_THRESHOLD).
-      exchange_s: the N=1 run's median exchange: one rank through Horovod's loop, what the
-        cycle term models (0.0 when not measured).
+      exchange_s: the N=1 run's median exchange: one rank through Horovod's loop; the cycle
+        term where longer than the cycle's wait (0.0 when not measured).
       notes: where an input was not measured or recorded, what was taken instead.
       graph_edges, graphs_per_step, sort_window: the training graphs' edges, an N=1 step's
         graphs and the plans' sort window (``straggler.training_graphs``; () when unknown).
@@ -198,7 +177,8 @@ class StepModel:
 class Prediction:
     """The modelled step of N workers and its terms, in seconds: ``compute_s`` b E / N (strong)
     or b E (weak), ``fixed_s`` a, ``straggler_s`` the wait for the slowest rank, ``cycle_s``
-    the Horovod cycle, ``allreduce_s`` the ring t(N); ``step_s`` their sum; ``efficiency``."""
+    Horovod's loop (the cycle's wait, or the N=1 run's exchange where longer), ``allreduce_s``
+    the ring t(N); ``step_s`` their sum; ``efficiency``."""
 
     n: int
     compute_s: float
@@ -244,12 +224,6 @@ class Validation:
             f"{self.measured_exchange_s * 1e3:.2f} ms, straggler "
             f"{self.measured_straggler_s * 1e3:.2f} ms)"
         )
-
-
-def ring_allreduce_time(num_bytes: float, n: int, network: NetworkModel) -> float:
-    """Seconds for a ring allreduce of ``num_bytes`` over ``n`` >= 1 workers (0 for n = 1)."""
-    transfer = 2 * (n - 1) / n * num_bytes * 8 / (network.bandwidth_gbps * 1e9)
-    return transfer + 2 * (n - 1) * network.latency_us * 1e-6
 
 
 def cycle_wait(
@@ -300,7 +274,7 @@ def predict_scaling(
     if mode not in ("strong", "weak"):
         raise ValueError(f"mode must be 'strong' or 'weak', got {mode!r}")
     wait = cycle_wait(model.gradient_bytes, model.cycle_s, model.fusion_bytes)
-    cycle = max(wait, model.exchange_s)  # the N=1 run's exchange, where longer
+    cycle = max(wait, model.exchange_s) if model.cycle_s else wait  # Horovod's loop only
     out = []
     for n in ns:
         slow = 1.0 if n == 1 else 1.0 / ceiling
@@ -312,18 +286,6 @@ def predict_scaling(
         modelled = efficiency(mode, model.step_s + cycle, step, n)
         out.append(Prediction(n, compute, fixed, straggler, cycle, allreduce, step, modelled))
     return out
-
-
-def network_from_config(config: ScalingConfig) -> NetworkModel:
-    """The network of ``scaling.interconnect``, with ``bandwidth_gbps``/``latency_us`` overrides."""
-    if config.interconnect == "custom":
-        return NetworkModel("custom", config.bandwidth_gbps, config.latency_us, "from the config")
-    preset = PRESETS[config.interconnect]
-    return dataclasses.replace(
-        preset,
-        bandwidth_gbps=config.bandwidth_gbps or preset.bandwidth_gbps,
-        latency_us=preset.latency_us if config.latency_us is None else config.latency_us,
-    )
 
 
 def baseline_inputs(run: Run, also: Sequence[Run] = ()) -> StepModel:

@@ -33,7 +33,7 @@ from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.runs import timing
 from hvdtrack.runs.runinfo import flatten_config
 from hvdtrack.runs.timing import Run, read_run
-from hvdtrack.scaling import maths, render
+from hvdtrack.scaling import maths, network, render
 from hvdtrack.scaling.config import ScalingConfig
 from hvdtrack.scaling.results import ScalingReport
 from hvdtrack.utils.io import atomic_write, write_json
@@ -77,7 +77,7 @@ def build_report(
 ) -> ScalingReport:
     """Checks that the runs (or run directories) belong together (see the module docstring)
     and computes the table. ``mode`` ("strong", "weak") is inferred from the batches when None;
-    ``measured_network`` (a ``maths.PRESETS`` name) is the link the runs used; ``overrides``
+    ``measured_network`` (a ``network.PRESETS`` name) is the link the runs used; ``overrides``
     replace ``ScalingConfig`` fields; ``ceilings``: the contention ceiling by ranks per host
     (``maths.validate_against``); ``fit_also``: more single-worker runs (or directories) of the
     same model whose steps join the fit of the step's cost (``maths.baseline_inputs``).
@@ -368,8 +368,8 @@ def _prediction(
             f"strong scaling past N = {graphs} (the global batch, in graphs) splits graphs between "
             "workers: there the model only extrapolates the edges per worker and their spread"
         )
-    networks = dict(maths.PRESETS)
-    configured = maths.network_from_config(scaling)
+    networks = dict(network.PRESETS)
+    configured = network.network_from_config(scaling)
     if configured != networks.get(configured.name):
         networks[f"{configured.name} (config)"] = configured
     inputs = {"step_compute_s": model.step_s, "gradient_bytes": model.gradient_bytes}
@@ -377,8 +377,8 @@ def _prediction(
         k: [dataclasses.asdict(p) for p in maths.predict_scaling(model, v, mode)]
         for k, v in networks.items()
     }
-    network = maths.PRESETS[measured_network]
-    validation = maths.validate_against(runs, mode, network, ceilings, also)
+    link = network.PRESETS[measured_network]
+    validation = maths.validate_against(runs, mode, link, ceilings, also)
     if not validation:
         notes.append("no multi-worker run measured: the model could not be checked here")
     networks_json = {name: dataclasses.asdict(net) for name, net in networks.items()}

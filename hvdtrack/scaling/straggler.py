@@ -85,7 +85,7 @@ def planned_straggler(work: np.ndarray, noise: np.ndarray, draws: int = 4_000_00
     seconds, r drawn independently for each rank from ``noise``: a fixed-seed draw of about
     ``draws`` values (exact without noise), so the figure is deterministic."""
     steps, n = work.shape
-    if not np.any(noise):
+    if np.allclose(noise, 0.0, rtol=0.0, atol=1e-12):
         return float(np.mean(work.max(axis=1) - work.mean(axis=1)))
     rng = np.random.default_rng(0)
     per_step = max(16, draws // (steps * n))

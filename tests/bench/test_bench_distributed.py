@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -145,6 +146,26 @@ def test_rounds_give_the_median_of_each_rounds_own_figures(tmp_path, capsys):
     assert [r["horovod_overhead_epoch"] for r in figures["rounds"]] == pytest.approx(
         [13.55 / 12.55 - 1, 13.55 / 12.55 - 1, 13.55 / 14.0 - 1]
     )
+
+
+def test_report_only_on_rounds_without_np1_half_gives_the_rest(tmp_path, capsys):
+    """A bench trained before np1-half: its runs' figures, and a line saying the model's check
+    at N=2 needs that run."""
+    out = tmp_path / "bench"
+    write_round(out / "round-1")
+    shutil.rmtree(out / "round-1" / "fit")
+    ceiling = dict(processes=2, nodes=8000, edges=22000, alone_s=[0.40], together_s=[[0.44, 0.45]])
+    (out / "ceiling.json").write_text(json.dumps(ceiling))
+    args = ["--out", str(out), "--epochs", "3", "--report-only", "--rounds", "1"]
+    assert distributed.main([*args, "--json", str(tmp_path / "f.json")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[3:8]] == [
+        "local", "np1", "np2", "mirrored1", "mirrored2",
+    ]  # fmt: skip
+    assert lines[-1] == "  the scaling model at N=2: not checked, these rounds have no np1-half run"
+    figures = json.loads((tmp_path / "f.json").read_text())
+    assert "prediction_n2" not in figures
+    assert figures["horovod_strong_efficiency_epoch"] == pytest.approx(13.55 / (2 * 7.65))
 
 
 def test_report_only_names_a_missing_round(tmp_path):

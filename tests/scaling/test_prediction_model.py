@@ -16,7 +16,8 @@ from hvdtrack.records import RecordsConfig, write_dataset
 from hvdtrack.runs.runinfo import make_run_info
 from hvdtrack.runs.timing import EPOCH_PARTS, EpochTiming, StepTiming, read_run, write_run
 from hvdtrack.scaling import maths, report, straggler
-from hvdtrack.scaling.maths import NetworkModel, StepModel
+from hvdtrack.scaling.maths import StepModel
+from hvdtrack.scaling.network import NetworkModel
 
 TEN_GB_S = NetworkModel("test", 80.0, 0.0)  # 10 GB/s, no latency
 # N=1 steps (edges, seconds without exchange): 0.1 s + 1e-4 s/edge plus residuals +-0.01 s

@@ -10,7 +10,7 @@ from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.runs.timing import read_run
 from hvdtrack.scaling import maths
 from hvdtrack.scaling.config import ScalingConfig
-from hvdtrack.scaling.maths import NetworkModel
+from hvdtrack.scaling.network import PRESETS, NetworkModel, network_from_config, ring_allreduce_time
 
 # 80 Gb/s = 10 GB/s; no latency unless a test adds it.
 TEN_GB_S = NetworkModel("test", 80.0, 0.0)
@@ -24,10 +24,10 @@ def compute_only(step_s: float, gradient_bytes: float) -> maths.StepModel:
 def test_ring_allreduce_time_literal():
     # 1 GB over 4 workers at 10 GB/s, 10 us: 2*3/4 * 0.1 s + 2*3 * 10 us = 0.15006 s.
     net = NetworkModel("test", 80.0, 10.0)
-    assert maths.ring_allreduce_time(1e9, 4, net) == pytest.approx(0.15006)
+    assert ring_allreduce_time(1e9, 4, net) == pytest.approx(0.15006)
     # 2 workers: 2*1/2 * 0.1 s + 2 * 10 us.
-    assert maths.ring_allreduce_time(1e9, 2, net) == pytest.approx(0.10002)
-    assert maths.ring_allreduce_time(1e9, 1, net) == 0.0
+    assert ring_allreduce_time(1e9, 2, net) == pytest.approx(0.10002)
+    assert ring_allreduce_time(1e9, 1, net) == 0.0
 
 
 def test_strong_and_weak_predictions_literal():
@@ -40,21 +40,17 @@ def test_strong_and_weak_predictions_literal():
 
 
 def test_default_worker_counts_and_falling_efficiency():
-    preds = maths.predict_scaling(compute_only(0.2, 4e6), maths.PRESETS["infiniband-hdr"], "weak")
+    preds = maths.predict_scaling(compute_only(0.2, 4e6), PRESETS["infiniband-hdr"], "weak")
     assert [p.n for p in preds] == [8, 16, 32, 64, 128, 256, 512, 1024]
     effs = [p.efficiency for p in preds]
     assert effs == sorted(effs, reverse=True) and 0 < effs[-1] < effs[0] < 1
 
 
 def test_network_from_config_presets_and_overrides():
-    assert (
-        maths.network_from_config(ScalingConfig(interconnect="nvlink")) == maths.PRESETS["nvlink"]
-    )
-    faster = maths.network_from_config(
-        ScalingConfig(interconnect="ethernet-25g", bandwidth_gbps=100.0)
-    )
+    assert network_from_config(ScalingConfig(interconnect="nvlink")) == PRESETS["nvlink"]
+    faster = network_from_config(ScalingConfig(interconnect="ethernet-25g", bandwidth_gbps=100.0))
     assert (faster.bandwidth_gbps, faster.latency_us) == (100.0, 25.0)
-    custom = maths.network_from_config(
+    custom = network_from_config(
         ScalingConfig(interconnect="custom", bandwidth_gbps=10.0, latency_us=3.0)
     )
     assert (custom.name, custom.bandwidth_gbps, custom.latency_us) == ("custom", 10.0, 3.0)
