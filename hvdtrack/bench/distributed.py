@@ -345,14 +345,13 @@ def prediction_figures(checks: Sequence[maths.Validation]) -> dict:
     return figures
 
 
-def prediction_lines(checks: Sequence[maths.Validation]) -> list[str]:
-    """The prediction's error (median, and each round's), then each round's terms."""
-    errors = sorted(c.relative_error for c in checks)
+def prediction_lines(figures: dict, checks: Sequence[maths.Validation]) -> list[str]:
+    """The prediction's error (``prediction_figures``' median, and each round's), then each
+    round's terms."""
     rounds = f" (rounds: {' '.join(f'{c.relative_error:+.1%}' for c in checks)})"
     return [
         "  the scaling model at N=2, fitted on each round's np1 and np1-half, against np2 on "
-        f"median steps: error {float(np.median(errors)):+.1%}"
-        f"{rounds if len(checks) > 1 else ''}",
+        f"median steps: error {figures['relative_error']:+.1%}{rounds if len(checks) > 1 else ''}",
         *(f"    round {k}: {c.describe()}" for k, c in enumerate(checks, 1)),
     ]
 
@@ -378,7 +377,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if all("np1-half" in r for r in runs):
         checks = [check_prediction(r, figures["ceiling"]["ceiling"]) for r in runs]
         figures["prediction_n2"] = prediction_figures(checks)
-        lines += prediction_lines(checks)
+        lines += prediction_lines(figures["prediction_n2"], checks)
     else:
         lines.append("  the scaling model at N=2: not checked, these rounds have no np1-half run")
     print("\n".join(lines))
