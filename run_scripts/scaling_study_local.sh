@@ -30,10 +30,11 @@ half="$out/strong/round-$rounds/fit/weak-np1"
     --out "$out/weak" --skip-prepare "${common[@]}"
 
 mkdir -p "$docs"
-# The machine's ceiling for 2 ranks, measured by the bench above, enters the reports' and the
-# prediction's checks against the measured N = 2, with a run of the other batch size in the fit.
+# The machine's ceiling for 2 ranks, measured in the last round of the bench above (beside the runs
+# reported here), enters the reports' and the prediction's checks against the measured N = 2,
+# with a run of the other batch size in the fit.
 ceiling="$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["ceiling"])' \
-    "$out/strong/ceiling.json")"
+    "$out/strong/round-$rounds/ceiling.json")"
 "$py" -m hvdtrack.scaling report "$strong/strong-np1" "$strong/strong-np2" \
     --mode strong --ceiling "2=$ceiling" --fit-also "$half" --out "$docs/strong"
 "$py" -m hvdtrack.scaling report "$out"/weak/weak-np1 "$out"/weak/weak-np2 --mode weak \

@@ -28,11 +28,14 @@ median steps, with the ceiling below and the ``shared-memory`` network (Gloo ove
 two fitted runs bracket np2, so the fit and the check see the machine at one speed.
 
 Each efficiency is also stated against this machine's ceiling for 2 ranks (``bench ceiling``: a
-rank's step, G/2 mean graphs of the training split, alone and twice at once, one per core):
-efficiency / ceiling is the share of what the hardware allows that the strategy reaches, the
-figure to compare between machines. Beside it, the contention the Horovod runs met themselves:
-np1's compute per edge over np2's (median over every rank's steps), which is what the ceiling
-estimates; it cannot stand in for the ceiling in a prediction of np2, being measured on np2.
+rank's step, G/2 mean graphs of the training split, alone and twice at once, one per core),
+measured in every round between np1-half and mirrored1 (``round-<k>/ceiling.json``), so that it
+sees the machine at the speed of the runs it is set against: efficiency / ceiling, each round's
+own, is the share of what the hardware allows that the strategy reaches, the figure to compare
+between machines, and each round's prediction takes its round's ceiling. Beside it, the
+contention the Horovod runs met themselves: np1's compute per edge over np2's (median over every
+rank's steps), which is what the ceiling estimates; it cannot stand in for the ceiling in a
+prediction of np2, being measured on np2.
 """
 
 from __future__ import annotations
@@ -58,8 +61,10 @@ from hvdtrack.utils.io import write_json
 
 # (strategy, its 1-worker run, its 2-worker run)
 STRATEGIES = (("horovod", "np1", "np2"), ("mirrored", "mirrored1", "mirrored2"))
-# The runs of a round, in the order they train.
+# The runs of a round, in the order they train (the ceiling is measured after np1-half).
 RUNS = ("local", "np1", "np2", "np1-half", "mirrored1", "mirrored2")
+# Alone / together pairs of each round's ceiling measurement (``measure_ceiling``'s rounds).
+CEILING_PAIRS = 2
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -142,6 +147,8 @@ def round_runs(args: argparse.Namespace, common: Sequence[str], out: Path) -> di
         ),
     }
     dirs.update(horovod_runs(args, common, out))
+    if not args.report_only:
+        measure_round_ceiling(args, out)
     for n in (1, 2):
         # One process feeding n replicas: n threads in all, one per replica.
         dirs[f"mirrored{n}"] = train(
@@ -176,9 +183,10 @@ def horovod_runs(args: argparse.Namespace, common: Sequence[str], out: Path) -> 
     return dirs
 
 
-def measure(args: argparse.Namespace, runs: dict[str, Run]) -> dict:
+def measure(args: argparse.Namespace, runs: dict[str, Run], ceiling: float) -> dict:
     """One round's figures: epoch, median step and step-sum times, Horovod's overhead, each
-    strategy's efficiencies and the Horovod ranks' own contention."""
+    strategy's efficiencies, the round's ``ceiling`` and each strategy's efficiency on epochs
+    against it, and the Horovod ranks' own contention."""
     epoch = {name: maths.epoch_time(run) for name, run in runs.items()}
     step = {
         name: float(maths.step_statistics(maths.step_times(run))["median"])
@@ -200,6 +208,10 @@ def measure(args: argparse.Namespace, runs: dict[str, Run]) -> dict:
         for key, times in (("epoch", epoch), ("step_sum", sums), ("median_step", step)):
             efficiency = maths.efficiency("strong", times[one], times[two], 2)
             figures[f"{strategy}_strong_efficiency_{key}"] = efficiency
+    figures["ceiling"] = ceiling
+    for strategy, _, _ in STRATEGIES:
+        on_epochs = figures[f"{strategy}_strong_efficiency_epoch"]
+        figures[f"{strategy}_of_ceiling_epoch"] = on_epochs / ceiling
     return figures
 
 
@@ -256,43 +268,46 @@ def table_lines(args: argparse.Namespace, figures: dict) -> list[str]:
     ]
 
 
-def ceiling_figures(args: argparse.Namespace) -> dict:
-    """This machine's ceiling for 2 ranks (``bench ceiling``) on a rank's share of a step,
-    measured into ``--out``/ceiling.json (read back with --report-only)."""
-    path = Path(args.out) / "ceiling.json"
-    if args.report_only:
-        try:
-            fields = json.loads(path.read_text())
-            result = Ceiling.from_json(fields)
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise DataError(
-                f"{path}: no ceiling measured ({err}); run without --report-only"
-            ) from None
-    else:
-        config = load_config(resolve_config_path(args.config), [])
-        nodes, edges = rank_share(config.data.dataset_dir, args.global_batch / 2)
-        result = measure_ceiling(args.config, 2, nodes, edges)
-    figures = result.figures()
-    if not args.report_only:
-        write_json(path, figures)
-    return figures
+def measure_round_ceiling(args: argparse.Namespace, out: Path) -> None:
+    """This machine's ceiling for 2 ranks (``bench ceiling``, ``CEILING_PAIRS`` pairs in turn)
+    on a rank's share of a step, measured now into ``out``/ceiling.json."""
+    config = load_config(resolve_config_path(args.config), [])
+    nodes, edges = rank_share(config.data.dataset_dir, args.global_batch / 2)
+    result = measure_ceiling(args.config, 2, nodes, edges, rounds=CEILING_PAIRS)
+    write_json(out / "ceiling.json", result.figures())
+
+
+def read_ceiling(args: argparse.Namespace, out: Path) -> dict:
+    """The ceiling measured in the round in ``out`` (its ceiling.json); for a bench from before
+    per-round ceilings, the one measured after all rounds (``--out``/ceiling.json), marked
+    ``"in_round": False``."""
+    path = out / "ceiling.json"
+    in_round = path.exists() or not (Path(args.out) / "ceiling.json").exists()
+    if not in_round:
+        path = Path(args.out) / "ceiling.json"
+    try:
+        fields = Ceiling.from_json(json.loads(path.read_text())).figures()
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DataError(f"{path}: no ceiling measured ({err}); run without --report-only") from None
+    return {**fields, "in_round": in_round}
 
 
 def efficiency_lines(figures: dict) -> list[str]:
     """The lines of the ceiling, the Horovod ranks' own contention, each strategy's
-    efficiencies (adding them against the ceiling to ``figures`` when it holds one) and
-    Horovod's overhead."""
-    ceiling = figures.get("ceiling", {}).get("ceiling")
-    lines = []
-    if ceiling:
-        c = figures["ceiling"]
-        alone, together = c["alone_s"], c["together_s"]
-        lines.append(
-            f"  ceiling for 2 ranks here: a rank's step ({c['nodes']} nodes, {c['edges']} edges) "
-            f"{', '.join(f'{1e3 * a:.0f}' for a in alone)} ms alone, "
-            f"{', '.join(f'{1e3 * max(t):.0f}' for t in together)} ms two at once, in turn "
-            f"-> t_alone/t_together {ceiling:.3f} (median of {len(alone)})"
-        )
+    efficiencies (and against the ceiling) and Horovod's overhead."""
+    measured = figures["ceiling_measurements"]
+    c = measured[0]
+    when = "in each round, after np1-half" if c["in_round"] else "once, after the rounds"
+    pairs = "; ".join(
+        f"{', '.join(f'{1e3 * a:.0f}' for a in m['alone_s'])} ms alone, "
+        f"{', '.join(f'{1e3 * max(t):.0f}' for t in m['together_s'])} ms two at once"
+        for m in (measured if c["in_round"] else measured[:1])
+    )
+    lines = [
+        f"  ceiling for 2 ranks here, measured {when}: a rank's step ({c['nodes']} nodes, "
+        f"{c['edges']} edges) {pairs}, in turn -> t_alone/t_together {figures['ceiling']:.3f}"
+        f"{by_round(figures, 'ceiling') if c['in_round'] else ''}"
+    ]
     per_edge = figures["compute_per_edge_s"]
     lines.append(
         "  the Horovod ranks' own contention: np1's compute per edge / np2's "
@@ -304,16 +319,14 @@ def efficiency_lines(figures: dict) -> list[str]:
         on_epochs, on_sums, on_medians = (
             figures[f"{key}_{k}"] for k in ("epoch", "step_sum", "median_step")
         )
-        against = ""
-        if ceiling:
-            figures[f"{strategy}_of_ceiling_epoch"] = on_epochs / ceiling
-            against = f"; {on_epochs / ceiling:.3f} of the ceiling on epochs"
+        of_ceiling = figures[f"{strategy}_of_ceiling_epoch"]
+        against = f"; {of_ceiling:.3f} of the ceiling on epochs"
         lines.append(
             f"  {strategy} strong-scaling efficiency t1/(2*t2): {on_epochs:.3f} on epochs"
             f"{by_round(figures, f'{key}_epoch')}, "
             f"{on_sums:.3f} on the epochs' step sums ({100 * (on_sums / on_epochs - 1):+.1f}%), "
             f"{on_medians:.3f} on median steps ({100 * (on_medians / on_epochs - 1):+.1f}%)"
-            f"{against}"
+            f"{against}{by_round(figures, f'{strategy}_of_ceiling_epoch')}"
         )
     lines.append(
         f"  Horovod overhead on one rank: {100 * figures['horovod_overhead_epoch']:+.1f}% on "
@@ -366,16 +379,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         )
     if not args.report_only:
         common += _one_keep_edge_term(args, common)
-    rounds, runs = [], []
+    rounds, runs, ceilings = [], [], []
     for k in range(1, args.rounds + 1):
         dirs = round_runs(args, common, round_dir(args, k))
         runs.append({name: read_run(path) for name, path in dirs.items()})
-        rounds.append(measure(args, runs[-1]))
+        ceilings.append(read_ceiling(args, round_dir(args, k)))
+        rounds.append(measure(args, runs[-1], ceilings[-1]["ceiling"]))
     figures = combine(args, rounds)
-    figures["ceiling"] = ceiling_figures(args)
+    figures["ceiling_measurements"] = ceilings
     lines = [*table_lines(args, figures), *efficiency_lines(figures)]
     if all("np1-half" in r for r in runs):
-        checks = [check_prediction(r, figures["ceiling"]["ceiling"]) for r in runs]
+        checks = [check_prediction(r, c["ceiling"]) for r, c in zip(runs, ceilings)]
         figures["prediction_n2"] = prediction_figures(checks)
         lines += prediction_lines(figures["prediction_n2"], checks)
     else:

@@ -45,12 +45,16 @@ def write_round(out, scale=1.0, local_s=None):
         )
 
 
+def write_ceiling(directory, alone_s, together_s):
+    """A ceiling.json of one alone / together pair (8000 nodes, 22000 edges) in ``directory``."""
+    ceiling = dict(processes=2, nodes=8000, edges=22000, alone_s=[alone_s], together_s=[together_s])
+    (directory / "ceiling.json").write_text(json.dumps(ceiling))
+
+
 def test_report_only_computes_the_figures_of_the_runs_in_out(tmp_path, capsys):
     out = tmp_path / "bench"
     write_round(out / "round-1")
-    # A ceiling.json written before rounds: one round.
-    ceiling = dict(processes=2, nodes=8000, edges=22000, alone_s=0.40, together_s=[0.44, 0.45])
-    (out / "ceiling.json").write_text(json.dumps(ceiling))
+    write_ceiling(out / "round-1", 0.40, [0.44, 0.45])
     args = ["--out", str(out), "--epochs", "3", "--report-only", "--json", str(tmp_path / "f.json")]
     assert distributed.main([*args, "--rounds", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -69,8 +73,9 @@ def test_report_only_computes_the_figures_of_the_runs_in_out(tmp_path, capsys):
     ]
     assert lines[3].split()[1:] == ["12.55", "1.23", "0.6150"]
     assert lines[9] == (
-        "  ceiling for 2 ranks here: a rank's step (8000 nodes, 22000 edges) 400 ms alone, "
-        "450 ms two at once, in turn -> t_alone/t_together 0.889 (median of 1)"
+        "  ceiling for 2 ranks here, measured in each round, after np1-half: a rank's step "
+        "(8000 nodes, 22000 edges) 400 ms alone, 450 ms two at once, in turn -> "
+        "t_alone/t_together 0.889"
     )
     # Compute per edge: the steps after the 2 warm-up ones take 0.62, 0.60, 0.61, 0.63 s, less
     # 0.01 s of data: median 0.605 s over 200 edges (np1, 2 graphs a step), over 100 (np2).
@@ -120,8 +125,10 @@ def test_rounds_give_the_median_of_each_rounds_own_figures(tmp_path, capsys):
     write_round(out / "round-1")
     write_round(out / "round-2", scale=1.2)
     write_round(out / "round-3", local_s=[14.0, 14.0, 14.0])
-    ceiling = dict(processes=2, nodes=8000, edges=22000, alone_s=[0.40], together_s=[[0.44, 0.45]])
-    (out / "ceiling.json").write_text(json.dumps(ceiling))
+    # Each round's own ceiling: 0.889, 0.800, 1.000.
+    write_ceiling(out / "round-1", 0.40, [0.44, 0.45])
+    write_ceiling(out / "round-2", 0.40, [0.50, 0.48])
+    write_ceiling(out / "round-3", 0.45, [0.45, 0.44])
     args = ["--out", str(out), "--epochs", "3", "--report-only", "--json", str(tmp_path / "f.json")]
     assert distributed.main(args) == 0  # --rounds 3, the default
     lines = capsys.readouterr().out.splitlines()
@@ -130,10 +137,18 @@ def test_rounds_give_the_median_of_each_rounds_own_figures(tmp_path, capsys):
     assert (
         lines[3] == "  local          14.00        1.23          0.6150 (rounds: 12.55 15.06 14.00)"
     )
-    # np1 13.55 s, np2 7.65 s: the same efficiency in rounds 1 and 2 (the scale cancels)
+    assert lines[9] == (
+        "  ceiling for 2 ranks here, measured in each round, after np1-half: a rank's step "
+        "(8000 nodes, 22000 edges) 400 ms alone, 450 ms two at once; 400 ms alone, 500 ms two "
+        "at once; 450 ms alone, 450 ms two at once, in turn -> t_alone/t_together 0.889 "
+        "(rounds: 0.889 0.800 1.000)"
+    )
+    # np1 13.55 s, np2 7.65 s: the same efficiency in rounds 1 and 2 (the scale cancels);
+    # against each round's own ceiling 0.886 / 0.889, 0.886 / 0.8, 0.886 / 1
     assert lines[11].startswith(
         "  horovod strong-scaling efficiency t1/(2*t2): 0.886 on epochs (rounds: 0.886 0.886 0.886)"
     )
+    assert lines[11].endswith("; 0.996 of the ceiling on epochs (rounds: 0.996 1.107 0.886)")
     # overhead: +8.0% (rounds 1 and 2), 13.55 / 14.00 - 1 = -3.2% (round 3): median +8.0%
     assert lines[13] == (
         "  Horovod overhead on one rank: +8.0% on epochs (rounds: +8.0% +8.0% -3.2%) "
@@ -146,6 +161,13 @@ def test_rounds_give_the_median_of_each_rounds_own_figures(tmp_path, capsys):
     assert [r["horovod_overhead_epoch"] for r in figures["rounds"]] == pytest.approx(
         [13.55 / 12.55 - 1, 13.55 / 12.55 - 1, 13.55 / 14.0 - 1]
     )
+    assert figures["ceiling"] == pytest.approx(0.40 / 0.45)
+    assert [r["ceiling"] for r in figures["rounds"]] == pytest.approx([0.40 / 0.45, 0.8, 1.0])
+    # Each round's prediction over its own ceiling: np2's compute 0.29 s (2.9 ms x 100 edges)
+    checks = figures["prediction_n2"]["rounds"]
+    assert [c["predicted_compute_s"] for c in checks] == pytest.approx(
+        [0.29 * 0.45 / 0.40, 0.29 / 0.8, 0.29]
+    )
 
 
 def test_report_only_on_rounds_without_np1_half_gives_the_rest(tmp_path, capsys):
@@ -154,7 +176,9 @@ def test_report_only_on_rounds_without_np1_half_gives_the_rest(tmp_path, capsys)
     out = tmp_path / "bench"
     write_round(out / "round-1")
     shutil.rmtree(out / "round-1" / "fit")
-    ceiling = dict(processes=2, nodes=8000, edges=22000, alone_s=[0.40], together_s=[[0.44, 0.45]])
+    # ... and from before per-round ceilings: one ceiling.json beside the rounds, written before
+    # the ceiling had pairs (one number, one list)
+    ceiling = dict(processes=2, nodes=8000, edges=22000, alone_s=0.40, together_s=[0.44, 0.45])
     (out / "ceiling.json").write_text(json.dumps(ceiling))
     args = ["--out", str(out), "--epochs", "3", "--report-only", "--rounds", "1"]
     assert distributed.main([*args, "--json", str(tmp_path / "f.json")]) == 0
@@ -162,6 +186,10 @@ def test_report_only_on_rounds_without_np1_half_gives_the_rest(tmp_path, capsys)
     assert [line.split()[0] for line in lines[3:8]] == [
         "local", "np1", "np2", "mirrored1", "mirrored2",
     ]  # fmt: skip
+    assert lines[8] == (
+        "  ceiling for 2 ranks here, measured once, after the rounds: a rank's step (8000 "
+        "nodes, 22000 edges) 400 ms alone, 450 ms two at once, in turn -> t_alone/t_together 0.889"
+    )
     assert lines[-1] == "  the scaling model at N=2: not checked, these rounds have no np1-half run"
     figures = json.loads((tmp_path / "f.json").read_text())
     assert "prediction_n2" not in figures
@@ -171,6 +199,7 @@ def test_report_only_on_rounds_without_np1_half_gives_the_rest(tmp_path, capsys)
 def test_report_only_names_a_missing_round(tmp_path):
     out = tmp_path / "bench"
     write_round(out / "round-1")
+    write_ceiling(out / "round-1", 0.40, [0.44, 0.45])
     with pytest.raises(DataError, match="round-2"):
         distributed.main(["--out", str(out), "--report-only", "--rounds", "2"])
 
@@ -183,18 +212,21 @@ def test_rounds_must_be_at_least_one(capsys):
 
 
 def test_report_only_without_a_measured_ceiling_says_so(tmp_path):
+    out = tmp_path / "bench"
+    write_round(out / "round-1")
     with pytest.raises(
-        DataError, match=r"ceiling.json: no ceiling measured .* without --report-only"
+        DataError, match=r"round-1/ceiling.json: no ceiling measured .* without --report-only"
     ):
-        distributed.ceiling_figures(
-            distributed.parse_args(["--out", str(tmp_path), "--report-only"])
-        )
+        distributed.main(["--out", str(out), "--report-only", "--rounds", "1"])
 
 
-def test_it_prepares_then_trains_each_round_local_horovod_half_then_mirrored(tmp_path, monkeypatch):
+def test_it_prepares_then_trains_each_round_local_horovod_half_ceiling_then_mirrored(
+    tmp_path, monkeypatch
+):
     calls = []
     monkeypatch.setattr(distributed.subprocess, "run", lambda cmd, check: calls.append(cmd))
     monkeypatch.setattr(distributed, "run_sweep", lambda plan, skip_prepare: calls.append(plan))
+    monkeypatch.setattr(distributed, "measure_round_ceiling", lambda args, out: calls.append(out))
 
     def stop(path):
         raise StopIteration(path)
@@ -202,7 +234,7 @@ def test_it_prepares_then_trains_each_round_local_horovod_half_then_mirrored(tmp
     monkeypatch.setattr(distributed, "read_run", stop)
     with pytest.raises(StopIteration):
         distributed.main(["--out", str(tmp_path), "--max-steps", "5", "--controller", "mpi"])
-    prepare, local, plan, half, mirrored1, mirrored2 = calls
+    prepare, local, plan, half, ceiling, mirrored1, mirrored2 = calls
     assert prepare[1:3] == ["-m", "hvdtrack.prepare"]
     common = ["train.epochs=4", "train.progress_bar=false", "distributed.threads_per_worker=1"]
     common += ["train.validate_every_epochs=1000", "train.max_steps_per_epoch=5"]
@@ -228,3 +260,5 @@ def test_it_prepares_then_trains_each_round_local_horovod_half_then_mirrored(tmp
     # then np1 with half the global batch, for the model's fit
     assert (half.mode, half.nps, half.controller, half.batches) == ("weak", (1,), "mpi", {1: 1})
     assert (half.out_dir, half.overrides) == (out / "fit", plan.overrides)
+    # then the round's ceiling, into the round's folder
+    assert ceiling == out
