@@ -201,12 +201,26 @@ class HorovodWorkers(Workers):
         )
         return info
 
+    @property
+    def alone(self) -> bool:
+        """One rank, not elastic: the sums over ranks are the rank's own tensors, taken as they
+        are, as Horovod's ``DistributedGradientTape`` takes them (its ``_allreduce_cond``), not
+        sent through Horovod's background loop (a one-rank allreduce waited 14-15 ms a step
+        there at a 20 ms cycle, docs/scaling/README.md). Elastic jobs keep the collective: the
+        ranks may grow after a reset."""
+        return self.num_processes == 1 and not _elastic()
+
     def reduce_sum(self, tensors):
         # Exact sums (loss and weight totals): never compressed, never Adasum.
+        if self.alone:
+            return list(tensors)
         return self.hvd.grouped_allreduce(list(tensors), op=self.hvd.Sum, name="exact_sums")
 
     def reduce_gradients(self, grads):
-        # What hvd.DistributedGradientTape does after tape.gradient: one grouped allreduce.
+        # What hvd.DistributedGradientTape does after tape.gradient: one grouped allreduce
+        # (none on one rank).
+        if self.alone:
+            return list(grads)
         if self._op is self.hvd.Adasum:
             # Horovod 0.28.1's grouped_allreduce fails on its Adasum path (it reads an undefined
             # `tensor`); DistributedGradientTape reduces Adasum tensor by tensor, and so do we.

@@ -180,8 +180,8 @@ def _predict(args: argparse.Namespace) -> None:
     )
     cycle_ms = maths.cycle_wait(model.gradient_bytes, model.cycle_s, model.fusion_bytes) * 1e3
     print(
-        f"N=1 exchange (one rank through Horovod's loop): measured {model.exchange_s * 1e3:.2f} "
-        f"ms, the cycle's wait {cycle_ms:.2f} ms; the cycle term takes the longer"
+        f"N=1 exchange: measured {model.exchange_s * 1e3:.2f} ms (the model's N=1 step holds "
+        f"it); N>1: the cycle's wait {cycle_ms:.2f} ms"
     )
     for note in model.notes:
         print(f"  note: {note}")

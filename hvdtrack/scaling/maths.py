@@ -24,14 +24,15 @@ step of N workers, fed by the N=1 run's measured steps (``baseline_inputs`` -> `
 - cycle: Horovod's background loop picks up the gradients on average half a cycle after they are
   ready, once per fused round: ceil(B / fusion buffer) x cycle / 2 (``cycle_wait``); the cycle
   from run.json's config (``distributed.horovod_cycle_time_ms``), else Horovod 0.28.1's default
-  1 ms; the fusion buffer is Horovod's default, 128 MiB. Where the N=1 run's measured exchange
-  (one rank through the loop) is longer, that: the loop's own work beside its wait. None for
-  strategies without Horovod's loop.
+  1 ms; the fusion buffer is Horovod's default, 128 MiB. None for strategies without Horovod's
+  loop.
 - t(N): ring allreduce of the B gradient bytes, no overlap with compute:
   t(N) = 2(N-1)/N * B / bandwidth + 2(N-1) * latency (``network.ring_allreduce_time``).
 
-At N = 1 the model's step is a + b mean(E) + cycle: hvdtrack's exchange (``hvd.grouped_allreduce``,
-no one-rank shortcut) goes through Horovod's loop on one rank too (``StepModel.exchange_s``).
+At N = 1 the model's step is a + b mean(E) + the N=1 run's measured exchange
+(``StepModel.exchange_s``): on one rank hvdtrack's exchange is the identity, as Horovod's
+``DistributedGradientTape`` makes it (``HorovodWorkers.alone``), not a trip through the loop;
+runs from before that shortcut measured that trip there (14-15 ms a step at a 20 ms cycle).
 Strong-scaling efficiency step(1) / (N step(N)), weak step(1) / step(N). ``validate_against``
 puts each term beside what a measured run shows: its exchange (cycle, allreduce and the wait for
 slower ranks) and its straggler (slowest rank minus the ranks' mean, without the exchange).
@@ -147,8 +148,8 @@ class StepModel:
       gradient_bytes: bytes of all gradients (one allreduce's worth per step).
       cycle_s: Horovod's cycle (HOROVOD_CYCLE_TIME); 0 for strategies without one.
       fusion_bytes: Horovod's fusion buffer (HOROVOD_FUSION_THRESHOLD).
-      exchange_s: the N=1 run's median exchange: one rank through Horovod's loop; the cycle
-        term where longer than the cycle's wait (0.0 when not measured).
+      exchange_s: the N=1 run's median exchange, part of the model's N=1 step (0.0 when not
+        measured).
       notes: where an input was not measured or recorded, what was taken instead.
       graph_edges, graphs_per_step, sort_window: the training graphs' edges, an N=1 step's
         graphs and the plans' sort window (``straggler.training_graphs``; () when unknown).
@@ -177,7 +178,7 @@ class StepModel:
 class Prediction:
     """The modelled step of N workers and its terms, in seconds: ``compute_s`` b E / N (strong)
     or b E (weak), ``fixed_s`` a, ``straggler_s`` the wait for the slowest rank, ``cycle_s``
-    Horovod's loop (the cycle's wait, or the N=1 run's exchange where longer), ``allreduce_s``
+    Horovod's loop (the cycle's wait; at N=1 the run's measured exchange), ``allreduce_s``
     the ring t(N); ``step_s`` their sum; ``efficiency``."""
 
     n: int
@@ -266,7 +267,7 @@ def predict_scaling(
     ceiling: float = 1.0,
 ) -> list[Prediction]:
     """One ``Prediction`` per N in ``ns`` for ``mode`` "strong" or "weak"; efficiencies against
-    the model's own N=1 step, a + b mean(E) + cycle. ``ceiling`` (0, 1]: t_alone /
+    the model's own N=1 step, a + b mean(E) + the N=1 run's exchange. ``ceiling`` (0, 1]: t_alone /
     t_concurrent of ranks sharing a host as deployed (``bench distributed``'s "ceiling"): the
     per-rank compute, fixed cost and straggler are divided by it."""
     if not 0 < ceiling:
@@ -274,7 +275,6 @@ def predict_scaling(
     if mode not in ("strong", "weak"):
         raise ValueError(f"mode must be 'strong' or 'weak', got {mode!r}")
     wait = cycle_wait(model.gradient_bytes, model.cycle_s, model.fusion_bytes)
-    cycle = max(wait, model.exchange_s) if model.cycle_s else wait  # Horovod's loop only
     out = []
     for n in ns:
         slow = 1.0 if n == 1 else 1.0 / ceiling
@@ -282,8 +282,9 @@ def predict_scaling(
         compute, fixed = slow * model.per_edge_s * edges, slow * model.fixed_s
         straggler = slow * straggler_wait(model, n, mode) if n > 1 else 0.0
         allreduce = ring_allreduce_time(model.gradient_bytes, n, network)
+        cycle = wait if n > 1 else model.exchange_s
         step = compute + fixed + straggler + cycle + allreduce
-        modelled = efficiency(mode, model.step_s + cycle, step, n)
+        modelled = efficiency(mode, model.step_s + model.exchange_s, step, n)
         out.append(Prediction(n, compute, fixed, straggler, cycle, allreduce, step, modelled))
     return out
 

@@ -92,11 +92,11 @@ def test_report_only_computes_the_figures_of_the_runs_in_out(tmp_path, capsys):
     # ceiling 0.889 for np2's 100 edges a rank; measured 0.615 / (2 x 0.616).
     assert lines[14] == (
         "  the scaling model at N=2, fitted on each round's np1 and np1-half, against np2 on "
-        "median steps: error +62.1%"
+        "median steps: error +62.0%"
     )
     assert lines[15].startswith(
         "    round 1: N=2 (shared-memory): predicted efficiency 0.809, measured 0.499, error "
-        "+62.1% (step 380.31 ms predicted = compute 326.25 + fixed 39.37 + straggler "
+        "+62.0% (step 380.31 ms predicted = compute 326.25 + fixed 39.37 + straggler "
     )
     figures = json.loads((tmp_path / "f.json").read_text())
     (check,) = figures["prediction_n2"]["rounds"]

@@ -32,3 +32,38 @@ def test_two_ranks_reduce_to_the_same_values(controller, tmp_path):
             assert row["gloo"] and not row["mpi"]
         else:
             assert row["mpi"] and not row["gloo"]
+
+
+# hvdtrack's gradient exchange, fp16-compressed: 1.0001 x (rank + 1) on each rank. Where it goes
+# through Horovod, each rank's value is rounded to float16 (1.0001 -> 1.0) before the sum.
+EXCHANGE = """
+import json, os, sys
+import tensorflow as tf
+from hvdtrack.distributed.config import DistributedConfig
+from hvdtrack.distributed.workers import HorovodWorkers
+workers = HorovodWorkers(DistributedConfig(strategy="horovod", compression="fp16", deadline_s=None))
+value = [tf.constant([1.0001]) * (workers.rank + 1)]
+row = {"rank": workers.rank, "alone": workers.alone,
+       "sum": float(workers.reduce_gradients(value)[0][0])}
+os.environ["HOROVOD_ELASTIC"] = "1"  # an elastic job keeps the collective, even on one rank
+row.update(elastic_alone=workers.alone, elastic_sum=float(workers.reduce_gradients(value)[0][0]))
+print("RESULT", json.dumps(row), flush=True)
+workers.shutdown()
+"""
+
+
+@pytest.mark.parametrize("np", [1, 2])
+def test_one_rank_exchanges_nothing_as_horovods_tape(np):
+    """On one rank the sums over ranks are the rank's own tensors, untouched: no compression, no
+    trip through Horovod's background loop (as ``hvd.DistributedGradientTape``'s
+    ``_allreduce_cond``). Two ranks, or an elastic job, go through Horovod."""
+    out = check(horovodrun(np, ["-c", EXCHANGE]))
+    rows = {r["rank"]: r for r in (json.loads(line.split("RESULT ", 1)[1])
+                                   for line in out.splitlines() if "RESULT " in line)}  # fmt: skip
+    assert sorted(rows) == list(range(np))
+    for row in rows.values():
+        assert row["alone"] is (np == 1)
+        assert row["elastic_alone"] is False
+        # float32(1.0001) as is on one rank; float16 1.0 + 2.0 on two
+        assert row["sum"] == (pytest.approx(1.0001, abs=1e-7) if np == 1 else 3.0)
+        assert row["elastic_sum"] == (1.0 if np == 1 else 3.0)

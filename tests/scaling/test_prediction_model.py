@@ -275,10 +275,11 @@ def test_a_drift_all_ranks_share_makes_no_straggler():
 def test_prediction_terms_literal(tmp_path):
     model = baseline(tmp_path, distributed={"horovod_cycle_time_ms": 20})
     one, two = maths.predict_scaling(model, TEN_GB_S, "strong", ns=(1, 2))
-    # One rank: a + b mean(E) and half the 20 ms cycle; no straggler, no allreduce.
+    # One rank: a + b mean(E) and its measured exchange (none in these records: one rank's
+    # exchange is the identity); no straggler, no allreduce.
     assert (one.step_s, one.cycle_s, one.straggler_s, one.allreduce_s, one.efficiency) == (
-        pytest.approx(0.36),
-        pytest.approx(0.01),
+        pytest.approx(0.35),
+        pytest.approx(0.0),
         0.0,
         0.0,
         pytest.approx(1.0),
@@ -290,7 +291,7 @@ def test_prediction_terms_literal(tmp_path):
     assert two.allreduce_s == pytest.approx(4e-4)  # 4 MB at 10 GB/s
     step = 0.125 + 0.1 + STRAGGLER_2 + 0.010 + 4e-4
     assert two.step_s == pytest.approx(step)
-    assert two.efficiency == pytest.approx(0.36 / (2 * step))
+    assert two.efficiency == pytest.approx(0.35 / (2 * step))
     # Ranks that share a host at ceiling 0.8: compute, fixed and straggler 1.25 times longer.
     (slow,) = maths.predict_scaling(model, TEN_GB_S, "strong", ns=(2,), ceiling=0.8)
     assert slow.compute_s == pytest.approx(0.125 / 0.8)
@@ -298,13 +299,14 @@ def test_prediction_terms_literal(tmp_path):
     assert (slow.cycle_s, slow.allreduce_s) == (two.cycle_s, two.allreduce_s)
     (weak,) = maths.predict_scaling(model, TEN_GB_S, "weak", ns=(2,))
     assert weak.compute_s == pytest.approx(0.25) and weak.fixed_s == pytest.approx(0.1)
-    # The N=1 run's exchange through Horovod's loop, where longer than half a cycle, is the
-    # cycle term at every N (the loop's own work); where shorter, half the cycle stays.
-    for measured, term in ((0.03, 0.03), (0.004, 0.01)):
+    # An N=1 run that measured an exchange (one from before the one-rank shortcut went through
+    # Horovod's loop): the model's N=1 step holds it, the N=2 step half a cycle all the same.
+    for measured in (0.03, 0.004):
         looped = dataclasses.replace(model, exchange_s=measured)
         one, two = maths.predict_scaling(looped, TEN_GB_S, "strong", ns=(1, 2))
-        assert (one.cycle_s, two.cycle_s) == (term, term)
-        assert one.step_s == pytest.approx(0.35 + term)
+        assert (one.cycle_s, two.cycle_s) == (measured, pytest.approx(0.01))
+        assert one.step_s == pytest.approx(0.35 + measured)
+        assert two.efficiency == pytest.approx((0.35 + measured) / (2 * step))
 
 
 def test_prediction_rejects_bad_arguments(tmp_path):
@@ -339,10 +341,11 @@ def test_validation_shows_each_term_and_what_was_measured(tmp_path):
     assert v.measured_efficiency == pytest.approx(0.34 / 0.62)
     step = (0.125 + 0.1 + STRAGGLER_2) / 0.8 + 0.010 + 4e-4
     assert v.predicted_step_s == pytest.approx(step)
-    assert v.predicted_efficiency == pytest.approx(0.36 / (2 * step))
-    assert v.relative_error == pytest.approx(0.36 / (2 * step) / (0.34 / 0.62) - 1)
+    # the model's N=1 step: 0.35 s and np1's exchange (none recorded)
+    assert v.predicted_efficiency == pytest.approx(0.35 / (2 * step))
+    assert v.relative_error == pytest.approx(0.35 / (2 * step) / (0.34 / 0.62) - 1)
     text = v.describe()
-    assert text.startswith("N=2 (test): predicted efficiency 0.517, measured 0.548, error -5.6%")
+    assert text.startswith("N=2 (test): predicted efficiency 0.503, measured 0.548, error -8.3%")
     assert (
         "= compute 156.25 + fixed 125.00 + straggler 56.22 + cycle 10.00 + allreduce 0.40 ms"
         in (text)
