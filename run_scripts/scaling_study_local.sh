@@ -30,9 +30,9 @@ half="$out/strong/round-$rounds/fit/weak-np1"
     --out "$out/weak" --skip-prepare "${common[@]}"
 
 mkdir -p "$docs"
-# The machine's ceiling for 2 ranks, measured in the last round of the bench above (beside the runs
-# reported here), enters the reports' and the prediction's checks against the measured N = 2,
-# with a run of the other batch size in the fit.
+# The machine's ceiling for 2 ranks, measured in the last round of the bench above (beside the
+# strong runs reported here; the weak sweep trains after the bench), enters the reports' and the
+# prediction's checks against the measured N = 2, with a run of the other batch size in the fit.
 ceiling="$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["ceiling"])' \
     "$out/strong/round-$rounds/ceiling.json")"
 "$py" -m hvdtrack.scaling report "$strong/strong-np1" "$strong/strong-np2" \

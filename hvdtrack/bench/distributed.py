@@ -35,7 +35,9 @@ own, is the share of what the hardware allows that the strategy reaches, the fig
 between machines, and each round's prediction takes its round's ceiling. Beside it, the
 contention the Horovod runs met themselves: np1's compute per edge over np2's (median over every
 rank's steps), which is what the ceiling estimates; it cannot stand in for the ceiling in a
-prediction of np2, being measured on np2.
+prediction of np2, being measured on np2. In the ``--json`` record, "ceiling" is the median of
+the rounds' ceilings and "ceiling_measurements" each round's measurement (a bench from before
+2026-11-30 measured one ceiling after its rounds, and "ceiling" held that measurement).
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument(
         "--report-only",
         action="store_true",
-        help="train nothing: compute the figures from the run directories already in --out",
+        help="train nothing: compute the figures from the run directories and each round's "
+        "ceiling.json already in --out",
     )
     args = parser.parse_args(argv)
     if args.rounds < 1:
@@ -224,8 +227,9 @@ def combine(args: argparse.Namespace, rounds: list[dict]) -> dict:
         "epochs": args.epochs,
     }
     for key, first in rounds[0].items():
-        if isinstance(first, dict):
-            figures[key] = {n: float(np.median([r[key][n] for r in rounds])) for n in first}
+        if isinstance(first, dict):  # per run: the runs every round has
+            names = [n for n in first if all(n in r[key] for r in rounds)]
+            figures[key] = {n: float(np.median([r[key][n] for r in rounds])) for n in names}
         else:
             figures[key] = float(np.median([r[key] for r in rounds]))
     figures["rounds"] = rounds
@@ -277,19 +281,25 @@ def measure_round_ceiling(args: argparse.Namespace, out: Path) -> None:
     write_json(out / "ceiling.json", result.figures())
 
 
-def read_ceiling(args: argparse.Namespace, out: Path) -> dict:
-    """The ceiling measured in the round in ``out`` (its ceiling.json); for a bench from before
-    per-round ceilings, the one measured after all rounds (``--out``/ceiling.json), marked
-    ``"in_round": False``."""
-    path = out / "ceiling.json"
-    in_round = path.exists() or not (Path(args.out) / "ceiling.json").exists()
+def read_ceilings(args: argparse.Namespace) -> list[dict]:
+    """The ceiling measured in each round (``round-<k>``/ceiling.json); for a bench from before
+    per-round ceilings (no round has one), the one measured after all rounds (``--out``/
+    ceiling.json) for every round, marked ``"in_round": False``. DataError naming a missing or
+    unreadable file."""
+    paths = [round_dir(args, k) / "ceiling.json" for k in range(1, args.rounds + 1)]
+    in_round = any(p.exists() for p in paths) or not (Path(args.out) / "ceiling.json").exists()
     if not in_round:
-        path = Path(args.out) / "ceiling.json"
-    try:
-        fields = Ceiling.from_json(json.loads(path.read_text())).figures()
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise DataError(f"{path}: no ceiling measured ({err}); run without --report-only") from None
-    return {**fields, "in_round": in_round}
+        paths = [Path(args.out) / "ceiling.json"] * args.rounds
+    ceilings = []
+    for path in paths:
+        try:
+            fields = Ceiling.from_json(json.loads(path.read_text())).figures()
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise DataError(
+                f"{path}: no ceiling measured ({err}); run without --report-only"
+            ) from None
+        ceilings.append({**fields, "in_round": in_round})
+    return ceilings
 
 
 def efficiency_lines(figures: dict) -> list[str]:
@@ -379,12 +389,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         )
     if not args.report_only:
         common += _one_keep_edge_term(args, common)
-    rounds, runs, ceilings = [], [], []
+    runs = []
     for k in range(1, args.rounds + 1):
         dirs = round_runs(args, common, round_dir(args, k))
         runs.append({name: read_run(path) for name, path in dirs.items()})
-        ceilings.append(read_ceiling(args, round_dir(args, k)))
-        rounds.append(measure(args, runs[-1], ceilings[-1]["ceiling"]))
+    ceilings = read_ceilings(args)
+    rounds = [measure(args, r, c["ceiling"]) for r, c in zip(runs, ceilings)]
     figures = combine(args, rounds)
     figures["ceiling_measurements"] = ceilings
     lines = [*table_lines(args, figures), *efficiency_lines(figures)]

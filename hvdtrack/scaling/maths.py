@@ -25,7 +25,7 @@ step of N workers, fed by the N=1 run's measured steps (``baseline_inputs`` -> `
   ready, once per fused round: ceil(B / fusion buffer) x cycle / 2 (``cycle_wait``); the cycle
   from run.json's config (``distributed.horovod_cycle_time_ms``), else Horovod 0.28.1's default
   1 ms; the fusion buffer is Horovod's default, 128 MiB. None for strategies without Horovod's
-  loop.
+  loop. At N = 1 the term is the N=1 run's measured exchange, whatever the strategy.
 - t(N): ring allreduce of the B gradient bytes, no overlap with compute:
   t(N) = 2(N-1)/N * B / bandwidth + 2(N-1) * latency (``network.ring_allreduce_time``).
 
@@ -178,7 +178,7 @@ class StepModel:
 class Prediction:
     """The modelled step of N workers and its terms, in seconds: ``compute_s`` b E / N (strong)
     or b E (weak), ``fixed_s`` a, ``straggler_s`` the wait for the slowest rank, ``cycle_s``
-    Horovod's loop (the cycle's wait; at N=1 the run's measured exchange), ``allreduce_s``
+    Horovod's loop (the cycle's wait; at N=1 the run's measured exchange, any strategy), ``allreduce_s``
     the ring t(N); ``step_s`` their sum; ``efficiency``."""
 
     n: int

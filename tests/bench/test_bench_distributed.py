@@ -262,3 +262,33 @@ def test_it_prepares_then_trains_each_round_local_horovod_half_ceiling_then_mirr
     assert (half.out_dir, half.overrides) == (out / "fit", plan.overrides)
     # then the round's ceiling, into the round's folder
     assert ceiling == out
+
+
+def test_report_only_takes_no_stale_ceiling_for_a_round_without_its_own(tmp_path):
+    """A round with no ceiling.json beside rounds that have one is an error naming it, even
+    where an older bench left its one ceiling.json in --out."""
+    out = tmp_path / "bench"
+    for k in (1, 2):
+        write_round(out / f"round-{k}")
+    write_ceiling(out / "round-1", 0.40, [0.44, 0.45])
+    write_ceiling(out, 0.40, [0.50, 0.50])
+    with pytest.raises(DataError, match=r"round-2/ceiling.json: no ceiling measured"):
+        distributed.main(["--out", str(out), "--report-only", "--rounds", "2"])
+
+
+def test_report_only_on_rounds_of_which_one_lacks_np1_half(tmp_path, capsys):
+    """The runs every round has: np1-half missing from round 2 leaves it out of the figures and
+    the model unchecked, no error."""
+    out = tmp_path / "bench"
+    for k in (1, 2):
+        write_round(out / f"round-{k}")
+        write_ceiling(out / f"round-{k}", 0.40, [0.44, 0.45])
+    shutil.rmtree(out / "round-2" / "fit")
+    args = ["--out", str(out), "--epochs", "3", "--report-only", "--rounds", "2"]
+    assert distributed.main([*args, "--json", str(tmp_path / "f.json")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[3:8]] == [
+        "local", "np1", "np2", "mirrored1", "mirrored2",
+    ]  # fmt: skip
+    assert lines[-1] == "  the scaling model at N=2: not checked, these rounds have no np1-half run"
+    assert "np1-half" not in json.loads((tmp_path / "f.json").read_text())["epoch_s"]

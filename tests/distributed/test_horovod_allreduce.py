@@ -1,4 +1,5 @@
-"""The real distributed stack: Horovod allreduce/allgather/broadcast under two ranks."""
+"""The real distributed stack: Horovod allreduce/allgather/broadcast under two ranks, and
+hvdtrack's exchange on one rank and on two."""
 
 import json
 
@@ -44,8 +45,11 @@ from hvdtrack.distributed.workers import HorovodWorkers
 workers = HorovodWorkers(DistributedConfig(strategy="horovod", compression="fp16", deadline_s=None))
 value = [tf.constant([1.0001]) * (workers.rank + 1)]
 row = {"rank": workers.rank, "alone": workers.alone,
-       "sum": float(workers.reduce_gradients(value)[0][0])}
-os.environ["HOROVOD_ELASTIC"] = "1"  # an elastic job keeps the collective, even on one rank
+       "sum": float(workers.reduce_gradients(value)[0][0]),
+       "exact_sum": float(workers.reduce_sum(value)[0][0])}
+# An elastic job keeps the collective, even on one rank (the flag as elastic horovodrun sets
+# it; this job is not elastic, so this checks what ``alone`` reads, not an elastic reset).
+os.environ["HOROVOD_ELASTIC"] = "1"
 row.update(elastic_alone=workers.alone, elastic_sum=float(workers.reduce_gradients(value)[0][0]))
 print("RESULT", json.dumps(row), flush=True)
 workers.shutdown()
@@ -53,11 +57,13 @@ workers.shutdown()
 
 
 @pytest.mark.parametrize("np", [1, 2])
-def test_one_rank_exchanges_nothing_as_horovods_tape(np):
+def test_one_rank_exchanges_nothing_as_horovods_tape(np, tmp_path):
     """On one rank the sums over ranks are the rank's own tensors, untouched: no compression, no
     trip through Horovod's background loop (as ``hvd.DistributedGradientTape``'s
-    ``_allreduce_cond``). Two ranks, or an elastic job, go through Horovod."""
-    out = check(horovodrun(np, ["-c", EXCHANGE]))
+    ``_allreduce_cond``). Two ranks, or an elastic job, go through Horovod. Horovod's timeline
+    (rank 0's) lists the allreduces it ran."""
+    timeline = tmp_path / "timeline.json"
+    out = check(horovodrun(np, ["-c", EXCHANGE], HOROVOD_TIMELINE=str(timeline)))
     rows = {r["rank"]: r for r in (json.loads(line.split("RESULT ", 1)[1])
                                    for line in out.splitlines() if "RESULT " in line)}  # fmt: skip
     assert sorted(rows) == list(range(np))
@@ -67,3 +73,10 @@ def test_one_rank_exchanges_nothing_as_horovods_tape(np):
         # float32(1.0001) as is on one rank; float16 1.0 + 2.0 on two
         assert row["sum"] == (pytest.approx(1.0001, abs=1e-7) if np == 1 else 3.0)
         assert row["elastic_sum"] == (1.0 if np == 1 else 3.0)
+        assert row["exact_sum"] == pytest.approx(1.0001 if np == 1 else 3.0003, abs=1e-6)
+    # The allreduces Horovod ran, by the dtype it sent: the float32 exact sums on two ranks only;
+    # fp16-compressed gradients on both (one rank: the elastic job's). The timeline may end before
+    # the last allreduce's record (written at shutdown), so the fp16 count is a lower bound.
+    ran = timeline.read_text()
+    assert ran.count('"dtype": "float32"') == (1 if np == 2 else 0)
+    assert ran.count('"dtype": "float16"') >= 1

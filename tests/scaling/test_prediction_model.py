@@ -113,7 +113,7 @@ def test_fit_separates_fixed_from_per_edge_cost(tmp_path):
     assert model.step_s == pytest.approx(0.35)  # a + b * 2500
     assert model.cycle_s == pytest.approx(0.020)  # from run.json's config
     assert model.fusion_bytes == 128 * 2**20
-    assert model.exchange_s == pytest.approx(0.012)  # one rank through Horovod's loop
+    assert model.exchange_s == pytest.approx(0.012)  # the N=1 run's measured exchange
     assert model.notes == (
         "fusion buffer: Horovod's default 128 MiB (runs do not record HOROVOD_FUSION_THRESHOLD)",
         "straggler: the training graphs' sizes were not found (run.json records no "
