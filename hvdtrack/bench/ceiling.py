@@ -2,13 +2,17 @@
 slice in as many processes at the same time, the way ranks run.
 
   python -m hvdtrack.bench ceiling [--config configs/default.yaml] [--processes 2]
-                                   [--nodes N --edges E] [--repeats 10] [--rounds 3]
+                                   [--nodes N --edges E | --training-graphs] [--repeats 10]
+                                   [--rounds 3]
 
 Each process is pinned to its own slice of this process's cores (``core_slice``: the slices
 Horovod ranks get with ``distributed.pin_cores``) and runs the training step of ``bench model``
 with one intra-op thread per core of its slice, on one synthetic graph of ``--nodes`` /
 ``--edges`` (default: a rank's share of a strong-scaling step, ``--graphs`` mean graphs of the
-config's prepared training split). Every process builds and warms up its step; then, for each of
+config's prepared training split), or with ``--training-graphs`` on ``--graphs`` real graphs of
+that split, those nearest its mean size (``workload.mean_size_graphs``): hit graphs, whose edges
+join neighbouring hits, read memory with more locality than the synthetic graph's uniform
+endpoints, and two processes at once may contend less for it. Every process builds and warms up its step; then, for each of
 ``--rounds`` rounds, process 0 times ``--repeats`` steps alone (the others wait idle at a
 barrier) and all time ``--repeats`` steps together. Alternating the two, A B A B, keeps a machine
 whose speed drifts over minutes (a shared VM) from passing its drift off as a ceiling: each round
@@ -50,14 +54,17 @@ class Ceiling:
     edges: int
     alone_s: list[float]  # per round
     together_s: list[list[float]]  # per round, per process in core-slice order
+    graphs: str = "synthetic"  # or "training": real graphs of the training split
 
     @classmethod
     def from_json(cls, fields: dict) -> Ceiling:
-        """From ``ceiling.json``; one written before rounds (a number and a list) is one round."""
+        """From ``ceiling.json``; one written before rounds (a number and a list) is one round,
+        one without "graphs" of the synthetic graph."""
         alone, together = fields["alone_s"], fields["together_s"]
         if not isinstance(alone, list):
             alone, together = [alone], [together]
-        return cls(fields["processes"], fields["nodes"], fields["edges"], alone, together)
+        graphs = fields.get("graphs", "synthetic")
+        return cls(fields["processes"], fields["nodes"], fields["edges"], alone, together, graphs)
 
     @property
     def ratios(self) -> list[float]:
@@ -76,7 +83,8 @@ class Ceiling:
             return ", ".join(f"{1e3 * v:.1f}" for v in values)
 
         return (
-            f"step of {self.nodes} nodes / {self.edges} edges, {len(self.alone_s)} rounds: "
+            f"step of {self.nodes} nodes / {self.edges} edges ({self.graphs} graphs), "
+            f"{len(self.alone_s)} rounds: "
             f"alone {ms(self.alone_s)} ms; {self.processes} at once (slowest) "
             f"{ms(max(t) for t in self.together_s)} ms -> t_alone/t_together "
             f"{', '.join(f'{r:.3f}' for r in self.ratios)}; ceiling (median) {self.ceiling:.3f}"
@@ -107,9 +115,12 @@ def measure_ceiling(
     warmup: int = 2,
     overrides: Sequence[str] = (),
     rounds: int = 3,
+    training: Optional[tuple[str, float]] = None,
 ) -> Ceiling:
     """Times the step alone and ``processes`` at once, ``rounds`` times in turn (see the
-    module docstring).
+    module docstring), on a synthetic graph of ``nodes`` / ``edges``, or with ``training``
+    (dataset directory, graphs) on that many mean-size graphs of its training split
+    (``nodes`` / ``edges`` then theirs).
 
     Raises:
       HvdtrackError: fewer cores than processes, or a process that failed or did not reach
@@ -121,13 +132,18 @@ def measure_ceiling(
             f"--processes {processes}: this process may run on {len(cpus)} cores; the ceiling "
             "needs one core slice per process"
         )
+    if training is not None:
+        from hvdtrack.bench.workload import mean_size_graphs
+
+        _, nodes, edges = mean_size_graphs(*training)
     job = dict(config=config, nodes=nodes, edges=edges, repeats=repeats, warmup=warmup)
-    job.update(overrides=list(overrides), rounds=rounds, processes=processes)
+    job.update(overrides=list(overrides), rounds=rounds, processes=processes, training=training)
     per = len(cpus) // processes
     results = _run_together(job, [cpus[i * per : (i + 1) * per] for i in range(processes)])
     alone = results[0][0]
     together = [[results[i][1][r] for i in range(processes)] for r in range(rounds)]
-    return Ceiling(processes, nodes, edges, alone, together)
+    graphs = "synthetic" if training is None else "training"
+    return Ceiling(processes, nodes, edges, alone, together, graphs)
 
 
 def _run_together(job: dict, slices: list[list[int]]) -> list[tuple[list, list]]:
@@ -184,9 +200,11 @@ def _time_step(job: dict, cores: list[int], index: int, barrier, results) -> Non
         memory = usable_memory_bytes()
         args.memory_budget = memory // job["processes"] if memory else None
         choose_allocator(workload.run_config(args).model.memory_first)
-        step = workload.step_fn(
-            workload.build_step(args), *workload.synthetic_graph(job["nodes"], job["edges"])
-        )
+        if job["training"] is None:
+            graph = workload.synthetic_graph(job["nodes"], job["edges"])
+        else:
+            graph = workload.training_graph(*job["training"])
+        step = workload.step_fn(workload.build_step(args), *graph)
         for _ in range(job["warmup"]):
             step()
         alone, together = [], []
@@ -221,6 +239,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add("--graphs", type=float, default=1.0, help="mean graphs per process step (default 1)")
     add("--nodes", type=int, default=None, help="nodes of the step's graph (default: --graphs)")
     add("--edges", type=int, default=None, help="edges of the step's graph (default: --graphs)")
+    add(
+        "--training-graphs",
+        action="store_true",
+        help="the step on --graphs real graphs of the training split, not a synthetic graph",
+    )
     add("--repeats", type=int, default=10, help="timed steps (default 10)")
     add("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     add("--rounds", type=int, default=3, help="alone / together rounds in turn (default 3)")
@@ -228,6 +251,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if (args.nodes is None) != (args.edges is None):
         parser.error("give both --nodes and --edges, or neither")
+    if args.training_graphs and args.nodes is not None:
+        parser.error("--training-graphs takes its graphs' sizes: no --nodes / --edges")
     if min(args.repeats, args.warmup, args.processes, args.rounds) < 1:
         parser.error("--repeats, --warmup, --processes and --rounds must be >= 1")
     return args
@@ -235,15 +260,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    nodes, edges = args.nodes, args.edges
+    nodes, edges, training = args.nodes, args.edges, None
     if nodes is None:
         from hvdtrack.config import load_config, resolve_config_path
 
         config = load_config(resolve_config_path(args.config), [])
         nodes, edges = rank_share(config.data.dataset_dir, args.graphs)
+        if args.training_graphs:
+            training = (config.data.dataset_dir, args.graphs)
     result = measure_ceiling(
-        args.config, args.processes, nodes, edges, args.repeats, args.warmup, rounds=args.rounds
-    )
+        args.config, args.processes, nodes, edges, args.repeats, args.warmup, rounds=args.rounds,
+        training=training,
+    )  # fmt: skip
     print(result.describe())
     if args.json:
         from hvdtrack.utils.io import write_json

@@ -3,7 +3,8 @@ training step on one synthetic graph, and the timing of calls.
 
 ``build_step(args)`` builds the step ``hvdtrack train`` runs (``hvdtrack.train.step.TrainStep``)
 from the bench's command line (``--config``, ``--set`` overrides, ``--threads``);
-``step_fn(step, *synthetic_graph(num_nodes, num_edges))`` is one training step per call;
+``step_fn(step, *synthetic_graph(num_nodes, num_edges))`` is one training step per call (or
+on ``training_graph``: graphs of a prepared dataset's training split, ``mean_size_graphs``);
 ``time_calls`` times such calls (median, spread, process CPU time, page faults);
 ``time_in_turn`` times several functions in alternating rounds, whose times ``round_ratios``
 compares round by round.
@@ -11,7 +12,7 @@ compares round by round.
 
 Public symbols: ``NUM_NODE_FEATURES``, ``NUM_EDGE_FEATURES``, ``EDGES_PER_NODE``, ``Timing``,
 ``time_calls``, ``time_in_turn``, ``round_ratios``, ``run_config``, ``build_step``,
-``step_fn``, ``synthetic_graph``, ``write_figures``.
+``step_fn``, ``synthetic_graph``, ``mean_size_graphs``, ``training_graph``, ``write_figures``.
 """
 
 from __future__ import annotations
@@ -173,6 +174,41 @@ def synthetic_graph(num_nodes: int, num_edges: int, seed: int = 0):
     )
     graphs = utils_tf.data_dicts_to_graphs_tuple([graph])
     return graphs, tf.constant((edges[:, 0] > 0).astype(np.float32))
+
+
+def mean_size_graphs(dataset_dir: str, graphs: float) -> tuple[np.ndarray, int, int]:
+    """The ids of the ``graphs`` (rounded, at least 1) graphs of a prepared dataset's training
+    split whose edges are nearest the split's mean, in id order, and their nodes and edges.
+    DataError (naming the dataset) when it has no such split."""
+    from hvdtrack.records.manifest import Manifest
+
+    table = Manifest.load(dataset_dir).split_table("train", str(dataset_dir))
+    count = min(max(1, round(graphs)), table.num_graphs)
+    distance = np.abs(table.num_edges - table.num_edges.mean())
+    ids = np.sort(np.argsort(distance, kind="stable")[:count])
+    return ids, int(table.num_nodes[ids].sum()), int(table.num_edges[ids].sum())
+
+
+def training_graph(dataset_dir: str, graphs: float):
+    """``mean_size_graphs``' graphs read from their records and merged into one ``GraphsTuple``
+    (as a training batch), with their labels: the step on real hit graphs, whose edges join
+    neighbouring hits (unlike ``synthetic_graph``'s uniform endpoints)."""
+    import tensorflow as tf
+    from graph_nets import utils_tf
+
+    from hvdtrack.inputs.pipeline import eval_dataset
+    from hvdtrack.records.manifest import Manifest
+
+    ids, _, _ = mean_size_graphs(dataset_dir, graphs)
+    manifest = Manifest.load(dataset_dir)
+    wanted = set(ids.tolist())
+    chosen = [
+        batch
+        for i, batch in enumerate(eval_dataset(dataset_dir, manifest, "train", 0, 1, 1))
+        if i in wanted
+    ]
+    merged = utils_tf.concat([g for g, _ in chosen], axis=0)
+    return merged, tf.concat([labels for _, labels in chosen], axis=0)
 
 
 def write_figures(path: Optional[str], data: dict) -> None:
