@@ -27,8 +27,9 @@ sizes; one batch size's steps do not determine the fixed cost), against the roun
 median steps, with the ceiling below and the ``shared-memory`` network (Gloo over loopback). The
 two fitted runs bracket np2, so the fit and the check see the machine at one speed.
 
-Each efficiency is also stated against this machine's ceiling for 2 ranks (``bench ceiling``: a
-rank's step, G/2 mean graphs of the training split, alone and twice at once, one per core),
+Each efficiency is also stated against this machine's ceiling for 2 ranks (``bench ceiling
+--training-graphs``: a rank's step on the G/2 graphs of the training split nearest its mean
+size, alone and twice at once, one per core; a synthetic graph until 2026-11-30 morning),
 measured in every round between np1-half and mirrored1 (``round-<k>/ceiling.json``), so that it
 sees the machine at the speed of the runs it is set against: efficiency / ceiling, each round's
 own, is the share of what the hardware allows that the strategy reaches, the figure to compare
@@ -273,11 +274,13 @@ def table_lines(args: argparse.Namespace, figures: dict) -> list[str]:
 
 
 def measure_round_ceiling(args: argparse.Namespace, out: Path) -> None:
-    """This machine's ceiling for 2 ranks (``bench ceiling``, ``CEILING_PAIRS`` pairs in turn)
-    on a rank's share of a step, measured now into ``out``/ceiling.json."""
+    """This machine's ceiling for 2 ranks (``bench ceiling --training-graphs``,
+    ``CEILING_PAIRS`` pairs in turn) on a rank's share of a step, G/2 training graphs of mean
+    size, measured now into ``out``/ceiling.json."""
     config = load_config(resolve_config_path(args.config), [])
-    nodes, edges = rank_share(config.data.dataset_dir, args.global_batch / 2)
-    result = measure_ceiling(args.config, 2, nodes, edges, rounds=CEILING_PAIRS)
+    training = (config.data.dataset_dir, args.global_batch / 2)
+    nodes, edges = rank_share(*training)
+    result = measure_ceiling(args.config, 2, nodes, edges, rounds=CEILING_PAIRS, training=training)
     write_json(out / "ceiling.json", result.figures())
 
 
@@ -315,7 +318,7 @@ def efficiency_lines(figures: dict) -> list[str]:
     )
     lines = [
         f"  ceiling for 2 ranks here, measured {when}: a rank's step ({c['nodes']} nodes, "
-        f"{c['edges']} edges) {pairs}, in turn -> t_alone/t_together {figures['ceiling']:.3f}"
+        f"{c['edges']} edges, {c['graphs']} graphs) {pairs}, in turn -> t_alone/t_together {figures['ceiling']:.3f}"
         f"{by_round(figures, 'ceiling') if c['in_round'] else ''}"
     ]
     per_edge = figures["compute_per_edge_s"]

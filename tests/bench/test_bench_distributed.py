@@ -74,8 +74,8 @@ def test_report_only_computes_the_figures_of_the_runs_in_out(tmp_path, capsys):
     assert lines[3].split()[1:] == ["12.55", "1.23", "0.6150"]
     assert lines[9] == (
         "  ceiling for 2 ranks here, measured in each round, after np1-half: a rank's step "
-        "(8000 nodes, 22000 edges) 400 ms alone, 450 ms two at once, in turn -> "
-        "t_alone/t_together 0.889"
+        "(8000 nodes, 22000 edges, synthetic graphs) 400 ms alone, 450 ms two at once, in "
+        "turn -> t_alone/t_together 0.889"
     )
     # Compute per edge: the steps after the 2 warm-up ones take 0.62, 0.60, 0.61, 0.63 s, less
     # 0.01 s of data: median 0.605 s over 200 edges (np1, 2 graphs a step), over 100 (np2).
@@ -139,8 +139,9 @@ def test_rounds_give_the_median_of_each_rounds_own_figures(tmp_path, capsys):
     )
     assert lines[9] == (
         "  ceiling for 2 ranks here, measured in each round, after np1-half: a rank's step "
-        "(8000 nodes, 22000 edges) 400 ms alone, 450 ms two at once; 400 ms alone, 500 ms two "
-        "at once; 450 ms alone, 450 ms two at once, in turn -> t_alone/t_together 0.889 "
+        "(8000 nodes, 22000 edges, synthetic graphs) 400 ms alone, 450 ms two at once; 400 ms "
+        "alone, 500 ms two at once; 450 ms alone, 450 ms two at once, in turn -> "
+        "t_alone/t_together 0.889 "
         "(rounds: 0.889 0.800 1.000)"
     )
     # np1 13.55 s, np2 7.65 s: the same efficiency in rounds 1 and 2 (the scale cancels);
@@ -188,7 +189,8 @@ def test_report_only_on_rounds_without_np1_half_gives_the_rest(tmp_path, capsys)
     ]  # fmt: skip
     assert lines[8] == (
         "  ceiling for 2 ranks here, measured once, after the rounds: a rank's step (8000 "
-        "nodes, 22000 edges) 400 ms alone, 450 ms two at once, in turn -> t_alone/t_together 0.889"
+        "nodes, 22000 edges, synthetic graphs) 400 ms alone, 450 ms two at once, in turn -> "
+        "t_alone/t_together 0.889"
     )
     assert lines[-1] == "  the scaling model at N=2: not checked, these rounds have no np1-half run"
     figures = json.loads((tmp_path / "f.json").read_text())
