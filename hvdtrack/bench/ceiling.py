@@ -12,9 +12,9 @@ with one intra-op thread per core of its slice, on one synthetic graph of ``--no
 config's prepared training split), or with ``--training-graphs`` on ``--graphs`` real graphs of
 that split, those nearest its mean size (``workload.mean_size_graphs``): hit graphs, whose edges
 join neighbouring hits, read memory with more locality than the synthetic graph's uniform
-endpoints, and two processes at once may contend less for it. Every process builds and warms up its step; then, for each of
-``--rounds`` rounds, process 0 times ``--repeats`` steps alone (the others wait idle at a
-barrier) and all time ``--repeats`` steps together. Alternating the two, A B A B, keeps a machine
+endpoints, and two processes at once may contend less for it. Every process builds and warms
+up its step; then, for each of ``--rounds`` rounds, process 0 times ``--repeats`` steps alone
+(the others wait idle at a barrier) and all time ``--repeats`` steps together. Alternating the two, A B A B, keeps a machine
 whose speed drifts over minutes (a shared VM) from passing its drift off as a ceiling: each round
 gives its own ratio, and their spread shows the noise.
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import multiprocessing
 import os
 import queue
@@ -124,7 +125,8 @@ def measure_ceiling(
 
     Raises:
       HvdtrackError: fewer cores than processes, or a process that failed or did not reach
-        a barrier within ``BARRIER_TIMEOUT_S``.
+        a barrier within ``BARRIER_TIMEOUT_S``; with ``training``, a dataset without a
+        training split of that many graphs (``workload.mean_size_graphs``).
     """
     cpus = sorted(os.sched_getaffinity(0))
     if processes < 1 or len(cpus) < processes:
@@ -255,6 +257,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         parser.error("--training-graphs takes its graphs' sizes: no --nodes / --edges")
     if min(args.repeats, args.warmup, args.processes, args.rounds) < 1:
         parser.error("--repeats, --warmup, --processes and --rounds must be >= 1")
+    if not (math.isfinite(args.graphs) and args.graphs > 0):
+        parser.error(f"--graphs {args.graphs}: a number of graphs > 0")
     return args
 
 
@@ -265,9 +269,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from hvdtrack.config import load_config, resolve_config_path
 
         config = load_config(resolve_config_path(args.config), [])
-        nodes, edges = rank_share(config.data.dataset_dir, args.graphs)
-        if args.training_graphs:
-            training = (config.data.dataset_dir, args.graphs)
+        if args.training_graphs:  # sizes from the graphs chosen (measure_ceiling)
+            nodes, edges, training = 0, 0, (config.data.dataset_dir, args.graphs)
+        else:
+            nodes, edges = rank_share(config.data.dataset_dir, args.graphs)
     result = measure_ceiling(
         args.config, args.processes, nodes, edges, args.repeats, args.warmup, rounds=args.rounds,
         training=training,

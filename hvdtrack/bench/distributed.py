@@ -53,7 +53,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from hvdtrack.bench.ceiling import Ceiling, measure_ceiling, rank_share
+from hvdtrack.bench.ceiling import Ceiling, measure_ceiling
 from hvdtrack.config import load_config, resolve_config_path
 from hvdtrack.errors import DataError
 from hvdtrack.runs.timing import Run, read_run
@@ -143,7 +143,9 @@ def train(args: argparse.Namespace, common: Sequence[str], run_dir: Path, *overr
 
 
 def round_runs(args: argparse.Namespace, common: Sequence[str], out: Path) -> dict[str, Path]:
-    """Trains one round's runs into ``out``, in ``RUNS``'s order; their run directories."""
+    """Trains one round's runs into ``out``, in ``RUNS``'s order, and measures the round's
+    ceiling after np1-half (``measure_round_ceiling``; neither with --report-only); their run
+    directories."""
     g = args.global_batch
     dirs = {
         "local": train(
@@ -152,7 +154,7 @@ def round_runs(args: argparse.Namespace, common: Sequence[str], out: Path) -> di
     }
     dirs.update(horovod_runs(args, common, out))
     if not args.report_only:
-        measure_round_ceiling(args, out)
+        measure_round_ceiling(args, common, out)
     for n in (1, 2):
         # One process feeding n replicas: n threads in all, one per replica.
         dirs[f"mirrored{n}"] = train(
@@ -273,14 +275,17 @@ def table_lines(args: argparse.Namespace, figures: dict) -> list[str]:
     ]
 
 
-def measure_round_ceiling(args: argparse.Namespace, out: Path) -> None:
+def measure_round_ceiling(args: argparse.Namespace, common: Sequence[str], out: Path) -> None:
     """This machine's ceiling for 2 ranks (``bench ceiling --training-graphs``,
     ``CEILING_PAIRS`` pairs in turn) on a rank's share of a step, G/2 training graphs of mean
-    size, measured now into ``out``/ceiling.json."""
+    size, with the runs' model settings (``common``'s ``model.`` overrides), measured now into
+    ``out``/ceiling.json."""
     config = load_config(resolve_config_path(args.config), [])
     training = (config.data.dataset_dir, args.global_batch / 2)
-    nodes, edges = rank_share(*training)
-    result = measure_ceiling(args.config, 2, nodes, edges, rounds=CEILING_PAIRS, training=training)
+    model = [o for o in common if o.startswith("model.")]
+    result = measure_ceiling(
+        args.config, 2, 0, 0, overrides=model, rounds=CEILING_PAIRS, training=training
+    )
     write_json(out / "ceiling.json", result.figures())
 
 
@@ -299,7 +304,9 @@ def read_ceilings(args: argparse.Namespace) -> list[dict]:
             fields = Ceiling.from_json(json.loads(path.read_text())).figures()
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise DataError(
-                f"{path}: no ceiling measured ({err}); run without --report-only"
+                f"{path}: no ceiling measured ({err}); run without --report-only, or measure "
+                "the round's alone: python -m hvdtrack.bench ceiling --training-graphs --graphs "
+                f"{args.global_batch / 2:g} --rounds {CEILING_PAIRS} --json {path}"
             ) from None
         ceilings.append({**fields, "in_round": in_round})
     return ceilings
@@ -318,7 +325,8 @@ def efficiency_lines(figures: dict) -> list[str]:
     )
     lines = [
         f"  ceiling for 2 ranks here, measured {when}: a rank's step ({c['nodes']} nodes, "
-        f"{c['edges']} edges, {c['graphs']} graphs) {pairs}, in turn -> t_alone/t_together {figures['ceiling']:.3f}"
+        f"{c['edges']} edges, {c['graphs']} graphs) {pairs}, in turn -> t_alone/t_together "
+        f"{figures['ceiling']:.3f}"
         f"{by_round(figures, 'ceiling') if c['in_round'] else ''}"
     ]
     per_edge = figures["compute_per_edge_s"]

@@ -1,5 +1,6 @@
 """The work that the step benches (``model``, ``memory``, ``ceiling``) run: the configured
-training step on one synthetic graph, and the timing of calls.
+training step on one synthetic graph (or, for ``ceiling``, on graphs of the training split), and
+the timing of calls.
 
 ``build_step(args)`` builds the step ``hvdtrack train`` runs (``hvdtrack.train.step.TrainStep``)
 from the bench's command line (``--config``, ``--set`` overrides, ``--threads``);
@@ -179,11 +180,18 @@ def synthetic_graph(num_nodes: int, num_edges: int, seed: int = 0):
 def mean_size_graphs(dataset_dir: str, graphs: float) -> tuple[np.ndarray, int, int]:
     """The ids of the ``graphs`` (rounded, at least 1) graphs of a prepared dataset's training
     split whose edges are nearest the split's mean, in id order, and their nodes and edges.
-    DataError (naming the dataset) when it has no such split."""
+    DataError (naming the dataset) when it has no such split; ConfigError when it holds fewer
+    graphs than asked for."""
+    from hvdtrack.errors import ConfigError
     from hvdtrack.records.manifest import Manifest
 
     table = Manifest.load(dataset_dir).split_table("train", str(dataset_dir))
-    count = min(max(1, round(graphs)), table.num_graphs)
+    count = max(1, round(graphs))
+    if count > table.num_graphs:
+        raise ConfigError(
+            f"{dataset_dir}: {count} training graphs asked for, its training split holds "
+            f"{table.num_graphs}"
+        )
     distance = np.abs(table.num_edges - table.num_edges.mean())
     ids = np.sort(np.argsort(distance, kind="stable")[:count])
     return ids, int(table.num_nodes[ids].sum()), int(table.num_edges[ids].sum())
@@ -196,17 +204,19 @@ def training_graph(dataset_dir: str, graphs: float):
     import tensorflow as tf
     from graph_nets import utils_tf
 
-    from hvdtrack.inputs.pipeline import eval_dataset
+    from hvdtrack.errors import DataError
+    from hvdtrack.inputs.pipeline import eval_dataset, iterate_batches
     from hvdtrack.records.manifest import Manifest
 
     ids, _, _ = mean_size_graphs(dataset_dir, graphs)
     manifest = Manifest.load(dataset_dir)
     wanted = set(ids.tolist())
-    chosen = [
-        batch
-        for i, batch in enumerate(eval_dataset(dataset_dir, manifest, "train", 0, 1, 1))
-        if i in wanted
-    ]
+    read = eval_dataset(dataset_dir, manifest, "train", 0, 1, 1).take(int(ids[-1]) + 1)
+    chosen = [b for i, b in enumerate(iterate_batches(read, dataset_dir, manifest)) if i in wanted]
+    if len(chosen) != len(ids):
+        raise DataError(
+            f"{dataset_dir}: its training records hold fewer graphs than its manifest lists"
+        )
     merged = utils_tf.concat([g for g, _ in chosen], axis=0)
     return merged, tf.concat([labels for _, labels in chosen], axis=0)
 

@@ -178,8 +178,8 @@ class StepModel:
 class Prediction:
     """The modelled step of N workers and its terms, in seconds: ``compute_s`` b E / N (strong)
     or b E (weak), ``fixed_s`` a, ``straggler_s`` the wait for the slowest rank, ``cycle_s``
-    Horovod's loop (the cycle's wait; at N=1 the run's measured exchange, any strategy), ``allreduce_s``
-    the ring t(N); ``step_s`` their sum; ``efficiency``."""
+    Horovod's loop (the cycle's wait; at N=1 the run's measured exchange, any strategy),
+    ``allreduce_s`` the ring t(N); ``step_s`` their sum; ``efficiency``."""
 
     n: int
     compute_s: float

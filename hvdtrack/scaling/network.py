@@ -24,8 +24,9 @@ class NetworkModel:
 
 # shared-memory: the ring model fitted to Horovod 0.28.1 Gloo allreduces of 2 ranks on a 2-core
 # VM (eager, 4 KiB-16 MiB, median of 10: 4.33-30.3 ms); its "latency" is mostly eager dispatch
-# and the 1 ms cycle, not the wire (the N=2 exchange measured 2026-11-30 was still 10 ms above
-# the model's cycle plus allreduce, docs/scaling/README.md).
+# and the 1 ms cycle, not the wire (the N=2 exchanges measured 2026-11-30 were about 15 ms above
+# the model's half cycle plus allreduce, besides the wait for the slower rank,
+# docs/scaling/README.md).
 PRESETS: dict[str, NetworkModel] = {
     net.name: net
     for net in (

@@ -96,6 +96,7 @@ def test_the_training_graph_is_those_graphs_read_and_merged(tiny_dataset):
     assert graphs.senders.numpy()[table.num_edges[ids[0]] :].min() >= first
 
 
+@pytest.mark.slow
 def test_the_ceiling_runs_on_training_graphs_in_a_real_process(tiny_dataset):
     result = measure_ceiling(
         TINY, 1, nodes=1, edges=1, repeats=2, warmup=1, rounds=1, training=(str(tiny_dataset), 1)
@@ -105,8 +106,22 @@ def test_the_ceiling_runs_on_training_graphs_in_a_real_process(tiny_dataset):
     assert min(result.alone_s) > 0 and min(result.together_s[0]) > 0
 
 
-def test_training_graphs_take_their_own_sizes(capsys):
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--training-graphs", "--nodes", "10", "--edges", "20"], "takes its graphs' sizes"),
+        (["--graphs", "0"], "--graphs 0.0: a number of graphs > 0"),
+        (["--graphs", "nan"], "--graphs nan: a number of graphs > 0"),
+    ],
+)
+def test_bad_graph_arguments_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
-        ceiling.parse_args(["--training-graphs", "--nodes", "10", "--edges", "20"])
+        ceiling.parse_args(argv)
     assert stop.value.code == 2
-    assert "--training-graphs takes its graphs' sizes" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
+
+
+def test_more_training_graphs_than_the_split_holds_are_refused(tiny_dataset):
+    table = Manifest.load(tiny_dataset).split_table("train", str(tiny_dataset))
+    with pytest.raises(ConfigError, match=rf"{table.num_graphs + 1} training graphs asked for"):
+        workload.mean_size_graphs(str(tiny_dataset), table.num_graphs + 1)

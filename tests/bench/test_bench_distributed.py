@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from hvdtrack.bench import distributed
+from hvdtrack.bench.ceiling import Ceiling
 from hvdtrack.errors import DataError
 from tests.scaling.conftest import write_synthetic_run
 
@@ -228,7 +229,9 @@ def test_it_prepares_then_trains_each_round_local_horovod_half_ceiling_then_mirr
     calls = []
     monkeypatch.setattr(distributed.subprocess, "run", lambda cmd, check: calls.append(cmd))
     monkeypatch.setattr(distributed, "run_sweep", lambda plan, skip_prepare: calls.append(plan))
-    monkeypatch.setattr(distributed, "measure_round_ceiling", lambda args, out: calls.append(out))
+    monkeypatch.setattr(
+        distributed, "measure_round_ceiling", lambda args, common, out: calls.append(out)
+    )
 
     def stop(path):
         raise StopIteration(path)
@@ -294,3 +297,27 @@ def test_report_only_on_rounds_of_which_one_lacks_np1_half(tmp_path, capsys):
     ]  # fmt: skip
     assert lines[-1] == "  the scaling model at N=2: not checked, these rounds have no np1-half run"
     assert "np1-half" not in json.loads((tmp_path / "f.json").read_text())["epoch_s"]
+
+
+def test_a_rounds_ceiling_is_measured_on_training_graphs_with_the_runs_model(tmp_path, monkeypatch):
+    """Two ranks' share (G/2 graphs) of the config's training split, the runs' model overrides,
+    ``CEILING_PAIRS`` pairs; written to the round's ceiling.json, read back as it."""
+    asked = {}
+
+    def measure(config, processes, nodes, edges, overrides, rounds, training):
+        asked.update(config=config, processes=processes, overrides=overrides, rounds=rounds)
+        asked["training"] = training
+        return Ceiling(processes, 8000, 22000, [0.40], [[0.44, 0.45]], "training")
+
+    monkeypatch.setattr(distributed, "measure_ceiling", measure)
+    args = distributed.parse_args(["--out", str(tmp_path), "--global-batch", "4", "--rounds", "1"])
+    (tmp_path / "round-1").mkdir()
+    common = ["train.epochs=4", "model.keep_edge_term=true"]
+    distributed.measure_round_ceiling(args, common, tmp_path / "round-1")
+    assert asked == dict(
+        config="configs/default.yaml", processes=2, overrides=["model.keep_edge_term=true"],
+        rounds=distributed.CEILING_PAIRS, training=("data/default", 2.0),
+    )  # fmt: skip
+    (ceiling,) = distributed.read_ceilings(args)
+    assert (ceiling["graphs"], ceiling["in_round"]) == ("training", True)
+    assert ceiling["ceiling"] == pytest.approx(0.40 / 0.45)
