@@ -269,8 +269,10 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0, bloc
 
     For each matmul of the step (``cost.step_matmuls``), per call: y = x @ w, dx = dy @ w^T
     (skipped for the encoders' first layers) and dw = x^T @ dy, on random data of the step's
-    shapes and compute dtype. Its time is the floor that the model's matmul shapes allow here
-    with their operands in memory, as the step's ops find them.
+    shapes and compute dtype, each product as the step takes it (dw by
+    ``mlp.weight_gradient``: the kernel library's where it runs, faster here than TensorFlow's
+    own product). Its time is the floor that the model's matmul shapes allow here with their
+    operands in memory, as the step's ops find them.
 
     ``block`` rows (> 0): each product as ceil(rows / block) products of ``block`` rows (the
     last of the rest) that all read the same operands, which stay in cache: the same FLOPs, at
@@ -280,6 +282,7 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0, bloc
     import tensorflow as tf
 
     from hvdtrack.model.cost import step_matmuls
+    from hvdtrack.model.mlp import weight_gradient
 
     rows = {"nodes": num_nodes, "edges": num_edges}
     rng = np.random.default_rng(seed)
@@ -302,7 +305,7 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0, bloc
             # A graph loop runs the body ``calls`` times (a Python loop would repeat identical
             # products, which grappler merges); each product's first element keeps it alive.
             for _ in tf.range(calls):
-                total += (x @ w)[0, 0] + tf.matmul(x, dy, transpose_a=True)[0, 0]
+                total += (x @ w)[0, 0] + weight_gradient(x, dy)[0, 0]
                 if input_grad:
                     total += tf.matmul(dy, w, transpose_b=True)[0, 0]
         return total

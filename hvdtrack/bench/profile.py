@@ -73,7 +73,7 @@ def op_category(name: str, optimizer_scope: str) -> str:
     'matmul'
     """
     scope, _, op_type = name.rpartition(":")
-    if "MatMul" in op_type:
+    if "MatMul" in op_type or op_type == "HvdtrackWeightGradient":  # the kernel's x^T @ d
         return "matmul"
     if scope.startswith(optimizer_scope + "/") or f"/{optimizer_scope}/" in scope:
         return "optimizer"

@@ -31,6 +31,7 @@ from typing import Optional
 import tensorflow as tf
 
 from hvdtrack.model.kernels import fused_kernels
+from hvdtrack.model.mlp import weight_gradient
 from hvdtrack.model.segments import gather_sum, segment_sum
 
 # Not a tensor at import: that would start TensorFlow's runtime before the threads are set.
@@ -117,7 +118,7 @@ def _forward(edges, w1, b1, w2, b2):
         else:
             d = tf.cast(unpack_bits(bits, width), tf.float32) * d_logits
             d_sum = tf.reduce_sum(d, axis=0)
-        m = tf.matmul(edges, d, transpose_a=True)
+        m = weight_gradient(edges, d)
         w2_row = tf.reshape(w2, [1, width])
         d_w2 = tf.reshape(tf.reduce_sum(w1 * m, axis=0) + b1 * d_sum, [width, 1])
         d_edges = tf.matmul(d, w1 * w2_row, transpose_b=True)  # (D * w2^T) @ w1^T

@@ -5,9 +5,11 @@ One library holds the fused kernels (``SOURCES``): ``layer_norm.cc`` (``Hvdtrack
 ``HvdtrackMaskedColumn``, used by ``head.lean_head``), ``segment_sum.cc``
 (``HvdtrackSegmentSum``, ``HvdtrackSegmentAdd``, ``HvdtrackGatherSumGrad``, used by
 ``segments.segment_sum``, ``segment_add`` and ``gather_sum``'s gradient) and ``gather_sum.cc``
-(``HvdtrackGatherSum``, used by ``segments.gather_sum``) and ``rows.cc``
-(``HvdtrackWriteRows``, used by ``chunks.write_rows``). Each gives the same result at any
-number of intra-op threads. It is compiled on first use against the installed TensorFlow's
+(``HvdtrackGatherSum``, used by ``segments.gather_sum``), ``rows.cc``
+(``HvdtrackWriteRows``, used by ``chunks.write_rows``) and ``weight_gradient.cc``
+(``HvdtrackWeightGradient``, used by ``mlp.weight_gradient``: AVX-512 or AVX2 code chosen at
+run time, at most ``$HVDTRACK_KERNEL_ISA``'s). Each gives the same result at any number of
+intra-op threads. It is compiled on first use against the installed TensorFlow's
 headers and cached (``run_scripts/install.sh`` builds it ahead with ``build_kernel()``).
 ``fused_kernels()`` is None, and its users run the same maths in TensorFlow ops, on GPUs (the
 kernels are CPU-only), without a C++ compiler (the reason is logged once), with
@@ -40,7 +42,13 @@ log = logging.getLogger(__name__)
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("layer_norm.cc", "segment_sum.cc", "gather_sum.cc", "rows.cc")
+    for name in (
+        "layer_norm.cc",
+        "segment_sum.cc",
+        "gather_sum.cc",
+        "rows.cc",
+        "weight_gradient.cc",
+    )
 )
 HEADER = Path(__file__).with_name("kernels.h")  # what the sources share; part of the cache key
 BUILD_TIMEOUT_S = 300

@@ -3,7 +3,7 @@ the bias added by ``tf.nn.bias_add``, so that grappler fuses matmul, bias and Re
 kernel, and a final ReLU before a layer norm taken into the layer norm (``norm.LayerNorm``).
 
 Public symbols: ``ACTIVATIONS``, ``make_mlp``, ``FusedLinear``, ``FusedMLP``, ``LinearStack``,
-``linear_freeing_input``, ``linear_norm``, ``kept_for``.
+``linear_freeing_input``, ``linear_norm``, ``kept_for``, ``weight_gradient``, ``dense``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sonnet as snt
 import tensorflow as tf
 
 from hvdtrack.model.config import ACTIVATION_NAMES, ModelConfig
+from hvdtrack.model.kernels import fused_kernels
 from hvdtrack.model.norm import LayerNorm, NormOutput
 
 ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
@@ -54,9 +55,10 @@ class FusedLinear(snt.Linear):
     The step on 5k nodes / 40k edges: 25 ms less op time of 536 (docs/performance.md).
     """
 
-    def __call__(self, inputs: tf.Tensor) -> tf.Tensor:
+    def __call__(self, inputs: tf.Tensor, relu: bool = False) -> tf.Tensor:
+        """inputs @ w + b, then a ReLU if ``relu`` (in the same ``_FusedMatMul``; ``dense``)."""
         self._initialize(inputs)
-        return tf.nn.bias_add(tf.matmul(inputs, self.w), self.b)
+        return dense(inputs, self.w, self.b, relu)
 
     def weights(self, inputs: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """w and b read as tensors, created first (Sonnet style) for inputs of this width."""
@@ -117,14 +119,17 @@ class FusedMLP(snt.nets.MLP):
         elif relu and x is None and (count > 1 or self._activate_final):
             x = _concat_layer(parts, *first.weights(tf.concat([p[:0] for p in parts], -1)))
         else:
-            x = first(x if x is not None else tf.concat(parts, axis=-1))
-            if count > 1 or self._activate_final:
-                x = self._activation(x)
+            x = x if x is not None else tf.concat(parts, axis=-1)
+            x = self._layer(first, x, count > 1 or self._activate_final)
         for i in range(start, count):
-            x = self._layers[i](x)
-            if i < count - 1 or self._activate_final:
-                x = self._activation(x)
+            x = self._layer(self._layers[i], x, i < count - 1 or self._activate_final)
         return x
+
+    def _layer(self, layer: FusedLinear, x: tf.Tensor, activated: bool) -> tf.Tensor:
+        if activated and self._activation is tf.nn.relu:
+            return layer(x, relu=True)  # the ReLU in the layer's _FusedMatMul and its gradient
+        x = layer(x)
+        return self._activation(x) if activated else x
 
 
 # An MLP input this narrow keeps only itself for the backward pass (FusedMLP.__call__).
@@ -145,7 +150,7 @@ def _concat_layer(parts, w, b):
             # part by part, with the part's rows of w: nothing [rows, sum of widths]
             w_parts = tf.split(w, [p.shape[-1] for p in parts], axis=0)
             d_x = [tf.matmul(g, w_part, transpose_b=True) for w_part in w_parts]
-            d_w = tf.concat([tf.matmul(p, g, transpose_a=True) for p in parts], axis=0)
+            d_w = tf.concat([weight_gradient(p, g) for p in parts], axis=0)
             return (*d_x, d_w, tf.raw_ops.BiasAddGrad(out_backprop=g))
 
         return out, grad
@@ -168,9 +173,9 @@ def _narrow_layers(x, w0, b0, w1, b1):
         # that grappler still fuses the product, its bias and ReLU.
         with tf.control_dependencies([d_out]):
             h = hidden(tf.identity(x))
-        d_w1 = tf.matmul(h, d_out, transpose_a=True)
+        d_w1 = weight_gradient(h, d_out)
         g = tf.raw_ops.ReluGrad(gradients=tf.matmul(d_out, w1, transpose_b=True), features=h)
-        d_w0 = tf.matmul(x, g, transpose_a=True)
+        d_w0 = weight_gradient(x, g)
         return (
             tf.matmul(g, w0, transpose_b=True),
             d_w0,
@@ -237,9 +242,54 @@ def kept_for(x: tf.Tensor, norm: LayerNorm) -> bool:
 
 def _weight_first(x, w, d_out):
     """(x's gradient, w's) for x @ w, w's first (``linear_freeing_input``)."""
-    d_w = tf.matmul(x, d_out, transpose_a=True)
+    d_w = weight_gradient(x, d_out)
     with tf.control_dependencies([d_w]):
         return tf.matmul(d_out, w, transpose_b=True), d_w
+
+
+def weight_gradient(x: tf.Tensor, d_out: tf.Tensor) -> tf.Tensor:
+    """x^T @ d_out, the gradient of w in x @ w ([rows, a] and [rows, b] -> [a, b]).
+
+    Where the kernel library runs, float32 with b a multiple of 16: its
+    ``HvdtrackWeightGradient`` (``weight_gradient.cc``), at 84-94 GFLOP/s on one thread of the
+    Xeon here for the model's shapes, where TensorFlow's own gradient of a matmul,
+    ``matmul(x, d_out, transpose_a=True)``, ran them at 46-71 (docs/performance.md); its bits
+    do not depend on the number of threads. Elsewhere that matmul, taken the other way round
+    (``transpose(matmul(d_out, x, transpose_a=True))``, the same bits) when the result has more
+    rows than columns: Eigen runs an [a, b] result with a > b at two thirds of the speed of its
+    transpose."""
+    a, b = x.shape[-1], d_out.shape[-1]
+    kernels = fused_kernels()
+    rank_two = x.shape.rank == 2 and d_out.shape.rank == 2
+    if kernels and rank_two and x.dtype == d_out.dtype == tf.float32 and b and b % 16 == 0:
+        return kernels.hvdtrack_weight_gradient(x, d_out)
+    if a is not None and b is not None and a > b:
+        return tf.transpose(tf.matmul(d_out, x, transpose_a=True))
+    return tf.matmul(x, d_out, transpose_a=True)
+
+
+def dense(x: tf.Tensor, w: tf.Tensor, b: tf.Tensor | None = None, relu: bool = False):
+    """x @ w, then + b (``tf.nn.bias_add``) and a ReLU if asked: one ``_FusedMatMul`` in a
+    compiled step, as ``FusedLinear``; its backward pass takes w's gradient by
+    ``weight_gradient`` (TensorFlow's gradient of a matmul would take the slow product)."""
+
+    @tf.custom_gradient
+    def layer(x, w, *bias):
+        y = x @ w
+        if bias:
+            y = tf.nn.bias_add(y, bias[0])
+        if relu:
+            y = tf.nn.relu(y)
+
+        def grad(d_y):
+            if relu:
+                d_y = tf.raw_ops.ReluGrad(gradients=d_y, features=y)
+            d_bias = [tf.raw_ops.BiasAddGrad(out_backprop=d_y)] if bias else []
+            return (tf.matmul(d_y, w, transpose_b=True), weight_gradient(x, d_y), *d_bias)
+
+        return y, grad
+
+    return layer(x, w, *([] if b is None else [b]))
 
 
 class LinearStack(snt.Module):

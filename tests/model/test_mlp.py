@@ -120,10 +120,14 @@ def test_linear_freeing_input_gives_tensorflows_gradients_weight_gradient_first(
         return tape.gradient(total, [x, w, b])
 
     graph = step.get_concrete_function().graph
-    # x's gradient (a product with w) waits for the weight gradient (a product reading x)
+    # x's gradient (a product with w) waits for the weight gradient (a product reading x: here
+    # [8, 5], taken as the transpose of a [5, 8] product, weight_gradient's TensorFlow route)
     waiting = [op for op in graph.get_operations() if op.type == "MatMul" and op.control_inputs]
     assert waiting and all(
-        op.get_attr("transpose_b") and inp.type == "MatMul" and inp.get_attr("transpose_a")
+        op.get_attr("transpose_b")
+        and inp.type == "Transpose"
+        and inp.inputs[0].op.type == "MatMul"
+        and inp.inputs[0].op.get_attr("transpose_a")
         for op in waiting
         for inp in op.control_inputs
     )
