@@ -289,7 +289,10 @@ def dense(x: tf.Tensor, w: tf.Tensor, b: tf.Tensor | None = None, relu: bool = F
 
         return y, grad
 
-    return layer(x, w, *([] if b is None else [b]))
+    # Tensors, not variables: a variable read inside the function would need its own gradient
+    # (tf.distribute's variables are not converted on the way in).
+    weights = [w] if b is None else [w, b]
+    return layer(tf.convert_to_tensor(x), *map(tf.convert_to_tensor, weights))
 
 
 class LinearStack(snt.Module):
