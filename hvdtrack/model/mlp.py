@@ -8,6 +8,7 @@ Public symbols: ``ACTIVATIONS``, ``make_mlp``, ``FusedLinear``, ``FusedMLP``, ``
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import sonnet as snt
@@ -250,22 +251,31 @@ def _weight_first(x, w, d_out):
 def weight_gradient(x: tf.Tensor, d_out: tf.Tensor) -> tf.Tensor:
     """x^T @ d_out, the gradient of w in x @ w ([rows, a] and [rows, b] -> [a, b]).
 
-    Where the kernel library runs, float32 with b a multiple of 16: its
-    ``HvdtrackWeightGradient`` (``weight_gradient.cc``), at 84-94 GFLOP/s on one thread of the
-    Xeon here for the model's shapes, where TensorFlow's own gradient of a matmul,
-    ``matmul(x, d_out, transpose_a=True)``, ran them at 46-71 (docs/performance.md); its bits
-    do not depend on the number of threads. Elsewhere that matmul, taken the other way round
-    (``transpose(matmul(d_out, x, transpose_a=True))``, the same bits) when the result has more
-    rows than columns: Eigen runs an [a, b] result with a > b at two thirds of the speed of its
-    transpose."""
+    Where the kernel library runs with vector code for this CPU (AVX-512 or AVX2), for float32
+    with b a multiple of 16: its ``HvdtrackWeightGradient`` (``weight_gradient.cc``). On one
+    thread of the Xeon here it ran the model's shapes at 84-107 GFLOP/s, where TensorFlow's own
+    gradient of a matmul, ``matmul(x, d_out, transpose_a=True)``, ran them at 41-79
+    (docs/performance.md); its bits do not depend on the number of threads. Elsewhere that
+    matmul, taken the other way round (``transpose(matmul(d_out, x, transpose_a=True))``, the
+    same bits) when the result has more rows than columns: Eigen runs an [a, b] result with
+    a > b at two thirds of the speed of its transpose."""
     a, b = x.shape[-1], d_out.shape[-1]
     kernels = fused_kernels()
     rank_two = x.shape.rank == 2 and d_out.shape.rank == 2
     if kernels and rank_two and x.dtype == d_out.dtype == tf.float32 and b and b % 16 == 0:
-        return kernels.hvdtrack_weight_gradient(x, d_out)
+        if _vector_code(kernels):
+            return kernels.hvdtrack_weight_gradient(x, d_out)
     if a is not None and b is not None and a > b:
         return tf.transpose(tf.matmul(d_out, x, transpose_a=True))
     return tf.matmul(x, d_out, transpose_a=True)
+
+
+@functools.cache
+def _vector_code(kernels) -> bool:
+    """Whether the weight-gradient kernel has vector code for this CPU (``HvdtrackKernelIsa``):
+    without it (not x86-64, no AVX2) it would take Eigen's product on one thread."""
+    with tf.init_scope():  # eager, also when first asked while a function is traced
+        return kernels.hvdtrack_kernel_isa().numpy() != b"none"
 
 
 def dense(x: tf.Tensor, w: tf.Tensor, b: tf.Tensor | None = None, relu: bool = False):

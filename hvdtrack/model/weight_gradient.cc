@@ -18,7 +18,8 @@
 // float rounding (tests/model/test_weight_gradient.py). The library is compiled for baseline
 // x86-64; the vector code is in functions for AVX-512 and for AVX2 + FMA, chosen when the op
 // is built (HVDTRACK_KERNEL_ISA caps the choice: ChooseTile). Without either (or on another
-// architecture) Eigen's product runs, on one thread, with other bits.
+// architecture) Eigen's product runs, on one thread, with other bits; HvdtrackKernelIsa says
+// which, and mlp.weight_gradient then takes TensorFlow's threaded product instead.
 //
 // Built with the other kernels into the one library by hvdtrack/model/kernels.py.
 
@@ -153,32 +154,57 @@ HVDTRACK_TILES("avx2,fma", TileAvx2, __m256, 8, _mm256_setzero_ps, _mm256_loadu_
 // ("avx512", "avx2" or "none": a common choice for nodes of different CPUs, and how the tests
 // compare the paths on one CPU).
 struct Tiling {
-  TileFn fn;   // nullptr: no vector code for this CPU
-  int64 rows;  // of out (columns of x) per tile
-  int64 cols;  // of out per tile
+  const char* isa;  // "avx512", "avx2" or "none"
+  TileFn fn;        // nullptr: no vector code for this CPU (Eigen's product instead)
+  int64 rows;       // of out (columns of x) per tile
+  int64 cols;       // of out per tile
 };
 
-Tiling ChooseTile(const std::string& most) {
+Status ChooseTile(Tiling* tiling) {
+  const char* isa = std::getenv("HVDTRACK_KERNEL_ISA");
+  const std::string most = isa == nullptr ? "avx512" : isa;
+  if (most != "avx512" && most != "avx2" && most != "none") {
+    return ::tensorflow::errors::InvalidArgument(
+        "HVDTRACK_KERNEL_ISA must be avx512, avx2 or none, got '", most, "'");
+  }
+  *tiling = {"none", nullptr, 0, 0};
 #ifdef HVDTRACK_X86
   __builtin_cpu_init();
-  if (most == "avx512" && __builtin_cpu_supports("avx512f")) return {TileAvx512, 4, 64};
-  if ((most == "avx512" || most == "avx2") && __builtin_cpu_supports("avx2") &&
-      __builtin_cpu_supports("fma")) {
-    return {TileAvx2, 4, 24};
+  if (most == "avx512" && __builtin_cpu_supports("avx512f")) {
+    *tiling = {"avx512", TileAvx512, 4, 64};
+  } else if (most != "none" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    *tiling = {"avx2", TileAvx2, 4, 24};
   }
 #endif
-  return {nullptr, 0, 0};
+  return Status();
 }
+
+// HvdtrackKernelIsa() -> string: the vector code HvdtrackWeightGradient runs here ("avx512",
+// "avx2"), or "none" (then mlp.weight_gradient takes TensorFlow's threaded product instead).
+REGISTER_OP("HvdtrackKernelIsa").Output("isa: string").SetShapeFn([](InferenceContext* c) {
+  c->set_output(0, c->Scalar());
+  return Status();
+});
+
+class KernelIsaOp : public OpKernel {
+ public:
+  explicit KernelIsaOp(OpKernelConstruction* context) : OpKernel(context) {}
+
+  void Compute(OpKernelContext* context) override {
+    Tiling tiling;
+    OP_REQUIRES_OK(context, ChooseTile(&tiling));
+    Tensor* out;
+    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({}), &out));
+    out->scalar<::tensorflow::tstring>()() = tiling.isa;
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("HvdtrackKernelIsa").Device(::tensorflow::DEVICE_CPU), KernelIsaOp);
 
 class WeightGradientOp : public OpKernel {
  public:
   explicit WeightGradientOp(OpKernelConstruction* context) : OpKernel(context) {
-    const char* isa = std::getenv("HVDTRACK_KERNEL_ISA");
-    const std::string most = isa == nullptr ? "avx512" : isa;
-    OP_REQUIRES(context, most == "avx512" || most == "avx2" || most == "none",
-                ::tensorflow::errors::InvalidArgument(
-                    "HVDTRACK_KERNEL_ISA must be avx512, avx2 or none, got '", most, "'"));
-    tiling_ = ChooseTile(most);
+    OP_REQUIRES_OK(context, ChooseTile(&tiling_));
   }
 
   void Compute(OpKernelContext* context) override {

@@ -169,3 +169,36 @@ def test_dense_has_tensorflows_values_and_gradients(bias, relu):
         x, tf.where(results[0][0] > 0, upstream, 0.0) if relu else upstream
     )
     assert hashlib.sha256(kernel.numpy().tobytes()).hexdigest() == digest
+
+
+ISA_PROGRAM = """
+import tensorflow as tf
+from hvdtrack.model.kernels import fused_kernels
+from hvdtrack.model.mlp import weight_gradient
+spec = (tf.TensorSpec([None, 128]), tf.TensorSpec([None, 64]))
+graph = tf.function(weight_gradient).get_concrete_function(*spec).graph
+types = [op.type for op in graph.get_operations()]
+print(fused_kernels().hvdtrack_kernel_isa().numpy().decode(), "HvdtrackWeightGradient" in types)
+"""
+
+
+@pytest.mark.parametrize(
+    "cap, want",
+    [
+        (None, "avx512" if _supports("avx512f") else "avx2" if _supports("avx2") else "none"),
+        ("avx2", "avx2" if _supports("avx2") and _supports("fma") else "none"),
+        ("none", "none"),
+    ],
+)
+def test_the_kernel_names_its_vector_code_and_without_any_tensorflow_runs(cap, want):
+    env = dict(os.environ)
+    env.pop("HVDTRACK_KERNEL_ISA", None)
+    if cap:
+        env["HVDTRACK_KERNEL_ISA"] = cap
+    done = subprocess.run(
+        [sys.executable, "-c", ISA_PROGRAM],
+        capture_output=True, text=True, env=env, timeout=HANG_S, check=True,
+    )  # fmt: skip
+    # without vector code the kernel would take Eigen's product on one thread: TensorFlow's
+    # threaded product instead
+    assert done.stdout.split()[-2:] == [want, str(want != "none")]
