@@ -10,8 +10,9 @@ The default head is ``logit = relu(e @ w1 + b1) @ w2 + b2`` on every step's new 
 (dw2 = hidden^T dlogit, with hidden = mask * (e @ w1 + b1) written out). So the backward pass
 needs e, which the next step keeps anyway, and the mask, not the hidden layer: ``lean_head``
 keeps the mask packed into bits, 8 bytes per edge instead of 256 in float32 (1.9 KB per edge
-over the default model's 8 heads). The products are the ones TensorFlow's own gradient takes
-(M is its dw1 before the scaling by w2; de = D @ (w1 * w2^T)^T), so the time is the same. On
+over the default model's 8 heads). The products are the ones the gradient of a plain head
+takes (M, by ``mlp.weight_gradient``, is its dw1 before the scaling by w2; de = D @ (w1 *
+w2^T)^T), so the time is the same. On
 CPU the bits are packed and D made by the kernel library (``HvdtrackReluMask``,
 ``HvdtrackMaskedColumn`` in ``layer_norm.cc``); elsewhere by ``pack_bits`` / ``unpack_bits``.
 

@@ -1,8 +1,8 @@
 // What the kernel library's sources share: TensorFlow's headers and names, a prefetch of rows
 // gathered out of memory order, and ReLU masks of one bit per element (made from a row, and
-// applied to a row of gradients). Included by layer_norm.cc, segment_sum.cc,
-// gather_sum.cc and rows.cc; hvdtrack/model/kernels.py builds them into one library (and hashes this file
-// with them into the cached library's name).
+// applied to a row of gradients). Included by layer_norm.cc, segment_sum.cc, gather_sum.cc,
+// rows.cc and weight_gradient.cc; hvdtrack/model/kernels.py builds them into one library (and
+// hashes this file with them into the cached library's name).
 
 #ifndef HVDTRACK_MODEL_KERNELS_H_
 #define HVDTRACK_MODEL_KERNELS_H_

@@ -9,6 +9,7 @@ Public symbols: ``ACTIVATIONS``, ``make_mlp``, ``FusedLinear``, ``FusedMLP``, ``
 from __future__ import annotations
 
 import functools
+import os
 from typing import Callable
 
 import sonnet as snt
@@ -256,16 +257,18 @@ def weight_gradient(x: tf.Tensor, d_out: tf.Tensor) -> tf.Tensor:
     thread of the Xeon here it ran the model's shapes at 84-107 GFLOP/s, where TensorFlow's own
     gradient of a matmul, ``matmul(x, d_out, transpose_a=True)``, ran them at 41-79
     (docs/performance.md); its bits do not depend on the number of threads. Elsewhere that
-    matmul, taken the other way round (``transpose(matmul(d_out, x, transpose_a=True))``, the
-    same bits) when the result has more rows than columns: Eigen runs an [a, b] result with
-    a > b at two thirds of the speed of its transpose."""
+    matmul (also with ``TF_ENABLE_ONEDNN_OPTS=1``: oneDNN's is faster still), on the CPU taken
+    the other way round (``transpose(matmul(d_out, x, transpose_a=True))``) when the result has
+    more rows than columns: Eigen ran an [a, b] result with a > b at two thirds of the speed of
+    its transpose here, with the same bits for the model's shapes."""
     a, b = x.shape[-1], d_out.shape[-1]
     kernels = fused_kernels()
-    rank_two = x.shape.rank == 2 and d_out.shape.rank == 2
-    if kernels and rank_two and x.dtype == d_out.dtype == tf.float32 and b and b % 16 == 0:
-        if _vector_code(kernels):
+    float32 = x.dtype == d_out.dtype == tf.float32
+    if kernels and float32 and x.shape.rank == 2 and b and b % 16 == 0:
+        # oneDNN's product, where the user turned it on, runs these faster still
+        if _vector_code(kernels) and os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "1":
             return kernels.hvdtrack_weight_gradient(x, d_out)
-    if a is not None and b is not None and a > b:
+    if kernels and float32 and a is not None and b is not None and a > b:  # Eigen on the CPU
         return tf.transpose(tf.matmul(d_out, x, transpose_a=True))
     return tf.matmul(x, d_out, transpose_a=True)
 

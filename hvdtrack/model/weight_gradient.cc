@@ -3,8 +3,8 @@
 //   HvdtrackWeightGradient(x [R, A], d [R, B]) -> out [A, B],  out[i, j] = sum_r x[r, i] d[r, j]
 //
 // TensorFlow takes it as MatMul(x, d, transpose_a=True), whose Eigen contraction runs these
-// shapes (R in the tens of thousands, A and B 64 or 128) at 41-70 GFLOP/s on one core of an
-// AVX-512 Xeon, against 100-120 GFLOP/s for the forward products of the same layers: it blocks
+// shapes (R in the tens of thousands, A and B 64 or 128) at 41-79 GFLOP/s on one core of an
+// AVX-512 Xeon, against 97-119 GFLOP/s for the forward products of the same layers: it blocks
 // for a long output, and here the output is a few kilobytes and the rows are many. This kernel
 // keeps a tile of 4 x 64 outputs in 16 vector registers and streams the rows past it: per row,
 // four vector loads of d, four broadcasts of x and sixteen fused multiply-adds. The rows go in
@@ -111,10 +111,6 @@ using TileFn = void (*)(const float* x, int64 a, const float* d, int64 b, int64 
                                             int64 r0, int64 r1, int64 i0, int64 rows_i,         \
                                             int64 j0, int64 cols, float* out) {                 \
     switch (rows_i) {                                                                           \
-      case 8: return NAME##Rows<8>(x, a, d, b, r0, r1, i0, j0, cols, out);                      \
-      case 7: return NAME##Rows<7>(x, a, d, b, r0, r1, i0, j0, cols, out);                      \
-      case 6: return NAME##Rows<6>(x, a, d, b, r0, r1, i0, j0, cols, out);                      \
-      case 5: return NAME##Rows<5>(x, a, d, b, r0, r1, i0, j0, cols, out);                      \
       case 4: return NAME##Rows<4>(x, a, d, b, r0, r1, i0, j0, cols, out);                      \
       case 3: return NAME##Rows<3>(x, a, d, b, r0, r1, i0, j0, cols, out);                      \
       case 2: return NAME##Rows<2>(x, a, d, b, r0, r1, i0, j0, cols, out);                      \
@@ -162,7 +158,7 @@ struct Tiling {
 
 Status ChooseTile(Tiling* tiling) {
   const char* isa = std::getenv("HVDTRACK_KERNEL_ISA");
-  const std::string most = isa == nullptr ? "avx512" : isa;
+  const std::string most = isa == nullptr || *isa == '\0' ? "avx512" : isa;  // unset or empty
   if (most != "avx512" && most != "avx2" && most != "none") {
     return ::tensorflow::errors::InvalidArgument(
         "HVDTRACK_KERNEL_ISA must be avx512, avx2 or none, got '", most, "'");
@@ -232,7 +228,8 @@ class WeightGradientOp : public OpKernel {
     }
     // Tiles of out in column-major order, in one contiguous range per thread: each range
     // passes over the rows block by block (a range per tile would read every row from memory
-    // once per tile). Column-major, so that two threads read half of d each, and all of x.
+    // once per tile). Column-major: where out has two columns of tiles, two threads read half
+    // of d each and all of x; with one, half of x each and all of d.
     const Tiling tiling = tiling_;
     const int64 tiles_i = (a + tiling.rows - 1) / tiling.rows;
     const int64 tiles = tiles_i * ((b + tiling.cols - 1) / tiling.cols);
@@ -248,7 +245,7 @@ class WeightGradientOp : public OpKernel {
     };
     auto* workers = context->device()->tensorflow_cpu_worker_threads();
     const int64 parts = std::min<int64>(workers->num_threads, tiles);
-    // Shard's cost unit is about a cycle: a part's multiply-adds, 32 a cycle.
+    // Shard's cost unit is about a cycle: a part's multiply-adds, about 32 a cycle.
     ::tensorflow::Shard(parts, workers->workers, parts, rows * a * b / 32 / parts,
                         [&](int64 begin, int64 end) {
                           for (int64 p = begin; p < end; ++p) {

@@ -13,10 +13,18 @@ import pytest
 import tensorflow as tf
 
 from hvdtrack.model.kernels import fused_kernels, plain_ops
-from hvdtrack.model.mlp import dense, weight_gradient
+from hvdtrack.model.mlp import _vector_code, dense, weight_gradient
 
 pytestmark = pytest.mark.skipif(fused_kernels() is None, reason="no kernel library here")
 HANG_S = 300
+# Where mlp.weight_gradient takes the kernel in this process (vector code for this CPU, not
+# capped by HVDTRACK_KERNEL_ISA=none, oneDNN not asked for).
+routed = pytest.mark.skipif(
+    fused_kernels() is None
+    or not _vector_code(fused_kernels())
+    or os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "1",
+    reason="the weight gradients take TensorFlow's product in this process",
+)
 
 
 def test_a_hand_made_product():
@@ -53,8 +61,10 @@ def test_equal_to_the_float64_product_to_float32_rounding(rows, a, b):
     assert np.max(np.abs(ours - exact)) <= 3 * max(np.max(np.abs(tensorflow - exact)), 1e-6)
 
 
-def test_no_rows_give_zeros_and_mismatched_rows_are_refused():
+def test_no_rows_give_zeros_no_columns_nothing_and_mismatched_rows_are_refused():
     kernels = fused_kernels()
+    assert kernels.hvdtrack_weight_gradient(tf.zeros([3, 0]), tf.zeros([3, 16])).shape == (0, 16)
+    assert kernels.hvdtrack_weight_gradient(tf.zeros([3, 4]), tf.zeros([3, 0])).shape == (4, 0)
     assert (
         kernels.hvdtrack_weight_gradient(tf.zeros([0, 4]), tf.zeros([0, 16])).numpy().tolist()
         == [[0.0] * 16] * 4
@@ -126,6 +136,7 @@ def _op_types(fn, *args) -> list[str]:
     return [op.type for op in graph.get_operations()]
 
 
+@routed
 def test_weight_gradient_takes_the_kernel_where_it_runs_and_tensorflow_elsewhere():
     spec = tf.TensorSpec
     kernel_shapes = (spec([None, 128]), spec([None, 64]))
@@ -139,6 +150,7 @@ def test_weight_gradient_takes_the_kernel_where_it_runs_and_tensorflow_elsewhere
     assert "HvdtrackWeightGradient" not in _op_types(weight_gradient, *half)
 
 
+@routed
 @pytest.mark.parametrize("bias, relu", [(False, False), (True, False), (True, True)])
 def test_dense_has_tensorflows_values_and_gradients(bias, relu):
     rng = np.random.default_rng(3)
@@ -185,7 +197,14 @@ print(fused_kernels().hvdtrack_kernel_isa().numpy().decode(), "HvdtrackWeightGra
 @pytest.mark.parametrize(
     "cap, want",
     [
-        (None, "avx512" if _supports("avx512f") else "avx2" if _supports("avx2") else "none"),
+        (
+            None,
+            "avx512"
+            if _supports("avx512f")
+            else "avx2"
+            if _supports("avx2") and _supports("fma")
+            else "none",
+        ),
         ("avx2", "avx2" if _supports("avx2") and _supports("fma") else "none"),
         ("none", "none"),
     ],
@@ -202,3 +221,23 @@ def test_the_kernel_names_its_vector_code_and_without_any_tensorflow_runs(cap, w
     # without vector code the kernel would take Eigen's product on one thread: TensorFlow's
     # threaded product instead
     assert done.stdout.split()[-2:] == [want, str(want != "none")]
+
+
+EIGEN_PROGRAM = """
+import numpy as np, tensorflow as tf
+from hvdtrack.model.kernels import fused_kernels
+rng = np.random.default_rng(1)
+x, d = rng.standard_normal((1000, 67)), rng.standard_normal((1000, 48))
+xt, dt = tf.constant(x, tf.float32), tf.constant(d, tf.float32)
+out = fused_kernels().hvdtrack_weight_gradient(xt, dt)
+print(float(np.max(np.abs(out.numpy() - x.T @ d))))
+"""
+
+
+def test_the_op_without_vector_code_takes_eigens_product():
+    env = dict(os.environ, HVDTRACK_KERNEL_ISA="none")
+    done = subprocess.run(
+        [sys.executable, "-c", EIGEN_PROGRAM],
+        capture_output=True, text=True, env=env, timeout=HANG_S, check=True,
+    )  # fmt: skip
+    assert float(done.stdout.split()[-1]) < 1e-3  # sums of 1,000 products of normals
