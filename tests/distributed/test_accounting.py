@@ -46,8 +46,9 @@ def _per_step(run, rank, key):
     ]
 
 
-# A slow input pipeline is the same accounting as slow compute in another part of the step:
-# extended, to keep the default run under CI's 45 minutes.
+# Extended, to keep the default run under CI's 45 minutes: the rank that waits is accounted the
+# same way for a slow part of either kind, but only this variant checks, end to end, that a
+# slow input pipeline lands in data_s (its own timer, around the next batch).
 @pytest.mark.parametrize("slow", [pytest.param("data", marks=pytest.mark.extended), "compute"])
 def test_slow_rank_is_accounted_where_it_waits(slow, tiny_dataset, tmp_path):
     run, rows = _accounts(tmp_path, tiny_dataset, slow)

@@ -49,7 +49,7 @@ NAMED = (
 
 # The default run: a kill under horovodrun with Gloo, a stop under horovodrun with MPI and under
 # MultiWorkerMirroredStrategy; the rest are extended (mpirun's too: it launches ranks in
-# test_horovod_allreduce.py and test_prepare_mpi.py).
+# test_horovod_allreduce.py and test_prepare_mpi.py, though no default test trains under it).
 DEFAULT_CASES = {("gloo", "kill"), ("mpi", "stop"), ("multiworker", "stop")}
 CASES = [
     pytest.param(launcher, fault, marks=() if (launcher, fault) in DEFAULT_CASES else extended)

@@ -182,8 +182,10 @@ def test_prepare_then_two_horovod_ranks_started_by_srun_pmix(chain):
 
 
 # 106 s on a slow day: extended to keep the default run under CI's 45 minutes. A checkpoint
-# on SIGTERM and the exact resume stay in the default run (tests/distributed/test_preempt.py),
-# and so do jobs under SLURM (srun, the scaling sweep).
+# on SIGTERM and the exact resume stay in the default run (tests/distributed/test_preempt.py,
+# under horovodrun), and so do jobs under SLURM (srun, the scaling sweep); train.sbatch's own
+# trap (the signal forwarded, exit 75, the requeue and its rerun) is then tested only here and
+# in the scancel test below, both extended.
 @pytest.mark.extended
 def test_time_limit_signal_checkpoints_requeues_and_the_rerun_resumes_exactly(
     slurm, tmp_path, chain
