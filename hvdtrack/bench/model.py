@@ -271,8 +271,9 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0, bloc
     (skipped for the encoders' first layers) and dw = x^T @ dy, on random data of the step's
     shapes and compute dtype, each product as the step takes it (dw by
     ``mlp.weight_gradient``: the kernel library's where it runs, faster here than TensorFlow's
-    own product). Its time is the floor that the model's matmul shapes allow here with their
-    operands in memory, as the step's ops find them.
+    own product; the output head's two forward products by ``HvdtrackHead``, in one kernel, where
+    ``head.lean_head`` takes them so). Its time is the floor that the model's matmul shapes
+    allow here with their operands in memory, as the step's ops find them.
 
     ``block`` rows (> 0): each product as ceil(rows / block) products of ``block`` rows (the
     last of the rest) that all read the same operands, which stay in cache: the same FLOPs, at
@@ -282,6 +283,7 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0, bloc
     import tensorflow as tf
 
     from hvdtrack.model.cost import step_matmuls
+    from hvdtrack.model.kernels import fused_kernels, vector_code
     from hvdtrack.model.mlp import weight_gradient
 
     rows = {"nodes": num_nodes, "edges": num_edges}
@@ -291,21 +293,37 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0, bloc
     def constant(shape):
         return tf.cast(rng.standard_normal(shape, dtype=np.float32), dtype)
 
+    # The head's hidden layer and logit in one kernel (head.lean_head's condition): its
+    # forward product runs there with the logit's, which then runs no product of its own.
+    one_kernel = (
+        config.activation == "relu"
+        and len(config.output_head) == 1
+        and dtype == tf.float32
+        and vector_code()
+    )
     operands = []
     for layer in step_matmuls(config, NUM_NODE_FEATURES, NUM_EDGE_FEATURES):
+        head = one_kernel and layer.module == "edge_output"
         for size, repeats in row_blocks(rows[layer.rows], block):
             x, dy = constant((size, layer.fan_in)), constant((size, layer.fan_out))
             w = constant((layer.fan_in, layer.fan_out))
-            operands.append((x, w, dy, layer.calls * repeats, layer.input_grad))
+            forward = "head" if head and layer.index == 0 else "none" if head else "matmul"
+            operands.append((x, w, dy, layer.calls * repeats, layer.input_grad, forward))
+
+    def product(x, w, forward):
+        if forward == "head":
+            w2, b2 = tf.ones([w.shape[1], 1], dtype), tf.zeros([1], dtype)
+            return fused_kernels().hvdtrack_head(x, w, w[0], w2, b2)[0][0, 0]
+        return (x @ w)[0, 0] if forward == "matmul" else tf.constant(0.0, dtype)
 
     @tf.function
     def matmuls():
         total = tf.constant(0.0, dtype)
-        for x, w, dy, calls, input_grad in operands:
+        for x, w, dy, calls, input_grad, forward in operands:
             # A graph loop runs the body ``calls`` times (a Python loop would repeat identical
             # products, which grappler merges); each product's first element keeps it alive.
             for _ in tf.range(calls):
-                total += (x @ w)[0, 0] + weight_gradient(x, dy)[0, 0]
+                total += product(x, w, forward) + weight_gradient(x, dy)[0, 0]
                 if input_grad:
                     total += tf.matmul(dy, w, transpose_b=True)[0, 0]
         return total

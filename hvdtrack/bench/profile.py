@@ -73,7 +73,9 @@ def op_category(name: str, optimizer_scope: str) -> str:
     'matmul'
     """
     scope, _, op_type = name.rpartition(":")
-    if "MatMul" in op_type or op_type == "HvdtrackWeightGradient":  # the kernel's x^T @ d
+    # the kernels' x^T @ d, and the head's products with their bias, ReLU, bits and logit (as a
+    # _FusedMatMul's bias and ReLU)
+    if "MatMul" in op_type or op_type in ("HvdtrackWeightGradient", "HvdtrackHead"):
         return "matmul"
     if scope.startswith(optimizer_scope + "/") or f"/{optimizer_scope}/" in scope:
         return "optimizer"

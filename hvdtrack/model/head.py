@@ -13,8 +13,10 @@ keeps the mask packed into bits, 8 bytes per edge instead of 256 in float32 (1.9
 over the default model's 8 heads). The products are the ones the gradient of a plain head
 takes (M, by ``mlp.weight_gradient``, is its dw1 before the scaling by w2; de = D @ (w1 *
 w2^T)^T), so the time is the same. On
-CPU the bits are packed and D made by the kernel library (``HvdtrackReluMask``,
-``HvdtrackMaskedColumn`` in ``layer_norm.cc``); elsewhere by ``pack_bits`` / ``unpack_bits``.
+CPU the kernel library takes the forward pass in one pass over the edges (``HvdtrackHead``,
+``head.cc``: hidden [E, H] is never written; without vector code for the CPU a
+``_FusedMatMul``, ``HvdtrackReluMask`` and a product) and makes D (``HvdtrackMaskedColumn``
+in ``layer_norm.cc``); elsewhere TensorFlow's ops, with ``pack_bits`` / ``unpack_bits``.
 
 TensorFlow runs a head's backward pass as soon as its logit's gradient exists, at the start of
 the backward pass, and would hold each head's de [E, L] until the backward pass reaches its step.
@@ -31,7 +33,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from hvdtrack.model.kernels import fused_kernels
+from hvdtrack.model.kernels import fused_kernels, vector_code
 from hvdtrack.model.mlp import weight_gradient
 from hvdtrack.model.segments import gather_sum, segment_sum
 
@@ -104,14 +106,17 @@ def lean_head(
 
 def _forward(edges, w1, b1, w2, b2):
     """The logits [E, 1], and the backward pass from dlogit: (de, dw1, db1, dw2, db2)."""
-    hidden = tf.nn.relu(tf.nn.bias_add(edges @ w1, b1))  # one _FusedMatMul
     width = w1.shape[-1]
     kernels = fused_kernels()
-    bits = kernels.hvdtrack_relu_mask(hidden) if kernels else pack_bits(hidden > 0)
-    # The bits before the logits: else one inter-op thread may leave the mask for later and
-    # hold hidden [E, H] until then (a whole step's worth at 640k edges).
-    with tf.control_dependencies([bits]):
-        logits = tf.nn.bias_add(hidden @ w2, b2)
+    if kernels and vector_code():  # the whole forward pass in one kernel: hidden never written
+        logits, bits = kernels.hvdtrack_head(edges, w1, b1, w2, b2)
+    else:
+        hidden = tf.nn.relu(tf.nn.bias_add(edges @ w1, b1))  # one _FusedMatMul
+        bits = kernels.hvdtrack_relu_mask(hidden) if kernels else pack_bits(hidden > 0)
+        # The bits before the logits: else one inter-op thread may leave the mask for later
+        # and hold hidden [E, H] until then (a whole step's worth at 640k edges).
+        with tf.control_dependencies([bits]):
+            logits = tf.nn.bias_add(hidden @ w2, b2)
 
     def backward(d_logits):
         if kernels:  # and D's column sums, while each row is in cache

@@ -1,8 +1,9 @@
 // What the kernel library's sources share: TensorFlow's headers and names, a prefetch of rows
-// gathered out of memory order, and ReLU masks of one bit per element (made from a row, and
-// applied to a row of gradients). Included by layer_norm.cc, segment_sum.cc, gather_sum.cc,
-// rows.cc and weight_gradient.cc; hvdtrack/model/kernels.py builds them into one library (and
-// hashes this file with them into the cached library's name).
+// gathered out of memory order, ReLU masks of one bit per element (made from a row, and
+// applied to a row of gradients) and the choice of vector code. Included by layer_norm.cc,
+// segment_sum.cc, gather_sum.cc, rows.cc, weight_gradient.cc and head.cc;
+// hvdtrack/model/kernels.py builds them into one library (and hashes this file with them into
+// the cached library's name).
 
 #ifndef HVDTRACK_MODEL_KERNELS_H_
 #define HVDTRACK_MODEL_KERNELS_H_
@@ -10,6 +11,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #ifdef __SSE2__
@@ -34,6 +37,29 @@ using ::tensorflow::int64;
 using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
+
+// The widest vector code the CPU has, at most HVDTRACK_KERNEL_ISA's ("avx512", "avx2" or
+// "none": a common choice for nodes of different CPUs, and how the tests compare the paths on
+// one CPU): "avx512" (AVX-512F), "avx2" (AVX2 and FMA) or "none" (neither, or not x86).
+// HvdtrackWeightGradient and HvdtrackHead choose their code by it when they are built.
+inline Status ChooseIsa(std::string* isa) {
+  const char* cap = std::getenv("HVDTRACK_KERNEL_ISA");
+  const std::string most = cap == nullptr || *cap == '\0' ? "avx512" : cap;  // unset or empty
+  if (most != "avx512" && most != "avx2" && most != "none") {
+    return ::tensorflow::errors::InvalidArgument(
+        "HVDTRACK_KERNEL_ISA must be avx512, avx2 or none, got '", most, "'");
+  }
+  *isa = "none";
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  if (most == "avx512" && __builtin_cpu_supports("avx512f")) {
+    *isa = "avx512";
+  } else if (most != "none" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    *isa = "avx2";
+  }
+#endif
+  return Status();
+}
 
 // Requests every cache line of a row of width floats, for rows read out of memory order.
 inline void Prefetch(const float* row, int64 width) {

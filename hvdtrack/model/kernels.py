@@ -6,9 +6,10 @@ One library holds the fused kernels (``SOURCES``): ``layer_norm.cc`` (``Hvdtrack
 (``HvdtrackSegmentSum``, ``HvdtrackSegmentAdd``, ``HvdtrackGatherSumGrad``, used by
 ``segments.segment_sum``, ``segment_add`` and ``gather_sum``'s gradient) and ``gather_sum.cc``
 (``HvdtrackGatherSum``, used by ``segments.gather_sum``), ``rows.cc``
-(``HvdtrackWriteRows``, used by ``chunks.write_rows``) and ``weight_gradient.cc``
-(``HvdtrackWeightGradient``, used by ``mlp.weight_gradient``: AVX-512 or AVX2 code chosen at
-run time, at most ``$HVDTRACK_KERNEL_ISA``'s). Each gives the same result at any number of
+(``HvdtrackWriteRows``, used by ``chunks.write_rows``), ``weight_gradient.cc``
+(``HvdtrackWeightGradient``, used by ``mlp.weight_gradient``) and ``head.cc`` (``HvdtrackHead``,
+used by ``head.lean_head``); the last two run AVX-512 or AVX2 code chosen at run time, at most
+``$HVDTRACK_KERNEL_ISA``'s (``vector_code``). Each gives the same result at any number of
 intra-op threads. It is compiled on first use against the installed TensorFlow's
 headers and cached (``run_scripts/install.sh`` builds it ahead with ``build_kernel()``).
 ``fused_kernels()`` is None, and its users run the same maths in TensorFlow ops, on GPUs (the
@@ -20,7 +21,7 @@ Cache: ``$HVDTRACK_OPS_CACHE``, else ``$XDG_CACHE_HOME/hvdtrack/ops`` (``~/.cach
 per set of sources, TensorFlow version and compile flags, written beside and renamed into place.
 
 Public symbols: ``SOURCES``, ``HEADER``, ``CXXFLAGS``, ``BUILD_TIMEOUT_S``, ``ops_cache_dir``,
-``build_kernel``, ``plain_ops``, ``fused_kernels``.
+``build_kernel``, ``plain_ops``, ``fused_kernels``, ``vector_code``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ SOURCES = tuple(
         "gather_sum.cc",
         "rows.cc",
         "weight_gradient.cc",
+        "head.cc",
     )
 )
 HEADER = Path(__file__).with_name("kernels.h")  # what the sources share; part of the cache key
@@ -124,6 +126,21 @@ def fused_kernels() -> Optional[Any]:
     if _PLAIN_OPS.get():
         return None
     return _load_library()
+
+
+def vector_code() -> bool:
+    """Whether the loaded kernel library has vector code for this CPU (AVX-512 or AVX2, at
+    most ``$HVDTRACK_KERNEL_ISA``'s: ``HvdtrackKernelIsa``). Without it (no library, not
+    x86-64, no AVX2) ``HvdtrackWeightGradient`` would take Eigen's product on one thread and
+    ``HvdtrackHead`` scalar code: their callers take TensorFlow's ops instead."""
+    kernels = fused_kernels()
+    return kernels is not None and _isa(kernels) != "none"
+
+
+@functools.cache
+def _isa(kernels) -> str:
+    with tf.init_scope():  # eager, also when first asked while a function is traced
+        return kernels.hvdtrack_kernel_isa().numpy().decode()
 
 
 @functools.cache

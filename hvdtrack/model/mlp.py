@@ -8,7 +8,6 @@ Public symbols: ``ACTIVATIONS``, ``make_mlp``, ``FusedLinear``, ``FusedMLP``, ``
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Callable
 
@@ -16,7 +15,7 @@ import sonnet as snt
 import tensorflow as tf
 
 from hvdtrack.model.config import ACTIVATION_NAMES, ModelConfig
-from hvdtrack.model.kernels import fused_kernels
+from hvdtrack.model.kernels import fused_kernels, vector_code
 from hvdtrack.model.norm import LayerNorm, NormOutput
 
 ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
@@ -266,19 +265,11 @@ def weight_gradient(x: tf.Tensor, d_out: tf.Tensor) -> tf.Tensor:
     float32 = x.dtype == d_out.dtype == tf.float32
     if kernels and float32 and x.shape.rank == 2 and b and b % 16 == 0:
         # oneDNN's product, where the user turned it on, runs these faster still
-        if _vector_code(kernels) and os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "1":
+        if vector_code() and os.environ.get("TF_ENABLE_ONEDNN_OPTS") != "1":
             return kernels.hvdtrack_weight_gradient(x, d_out)
     if kernels and float32 and a is not None and b is not None and a > b:  # Eigen on the CPU
         return tf.transpose(tf.matmul(d_out, x, transpose_a=True))
     return tf.matmul(x, d_out, transpose_a=True)
-
-
-@functools.cache
-def _vector_code(kernels) -> bool:
-    """Whether the weight-gradient kernel has vector code for this CPU (``HvdtrackKernelIsa``):
-    without it (not x86-64, no AVX2) it would take Eigen's product on one thread."""
-    with tf.init_scope():  # eager, also when first asked while a function is traced
-        return kernels.hvdtrack_kernel_isa().numpy() != b"none"
 
 
 def dense(x: tf.Tensor, w: tf.Tensor, b: tf.Tensor | None = None, relu: bool = False):

@@ -17,13 +17,12 @@
 // width). They are not TensorFlow's MatMul's, which adds in another order: the two agree to
 // float rounding (tests/model/test_weight_gradient.py). The library is compiled for baseline
 // x86-64; the vector code is in functions for AVX-512 and for AVX2 + FMA, chosen when the op
-// is built (HVDTRACK_KERNEL_ISA caps the choice: ChooseTile). Without either (or on another
-// architecture) Eigen's product runs, on one thread, with other bits; HvdtrackKernelIsa says
-// which, and mlp.weight_gradient then takes TensorFlow's threaded product instead.
+// is built (HVDTRACK_KERNEL_ISA caps the choice: ChooseIsa, kernels.h). Without either (or on
+// another architecture) Eigen's product runs, on one thread, with other bits; HvdtrackKernelIsa
+// says which, and mlp.weight_gradient then takes TensorFlow's threaded product instead.
 //
 // Built with the other kernels into the one library by hvdtrack/model/kernels.py.
 
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -147,36 +146,31 @@ HVDTRACK_TILES("avx2,fma", TileAvx2, __m256, 8, _mm256_setzero_ps, _mm256_loadu_
 #endif
 
 // The tile function for this CPU: the widest vectors it has, at most HVDTRACK_KERNEL_ISA's
-// ("avx512", "avx2" or "none": a common choice for nodes of different CPUs, and how the tests
-// compare the paths on one CPU).
+// (ChooseIsa, kernels.h).
 struct Tiling {
-  const char* isa;  // "avx512", "avx2" or "none"
+  std::string isa;  // "avx512", "avx2" or "none"
   TileFn fn;        // nullptr: no vector code for this CPU (Eigen's product instead)
   int64 rows;       // of out (columns of x) per tile
   int64 cols;       // of out per tile
 };
 
 Status ChooseTile(Tiling* tiling) {
-  const char* isa = std::getenv("HVDTRACK_KERNEL_ISA");
-  const std::string most = isa == nullptr || *isa == '\0' ? "avx512" : isa;  // unset or empty
-  if (most != "avx512" && most != "avx2" && most != "none") {
-    return ::tensorflow::errors::InvalidArgument(
-        "HVDTRACK_KERNEL_ISA must be avx512, avx2 or none, got '", most, "'");
-  }
-  *tiling = {"none", nullptr, 0, 0};
+  std::string isa;
+  TF_RETURN_IF_ERROR(ChooseIsa(&isa));
+  *tiling = {isa, nullptr, 0, 0};
 #ifdef HVDTRACK_X86
-  __builtin_cpu_init();
-  if (most == "avx512" && __builtin_cpu_supports("avx512f")) {
-    *tiling = {"avx512", TileAvx512, 4, 64};
-  } else if (most != "none" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    *tiling = {"avx2", TileAvx2, 4, 24};
+  if (isa == "avx512") {
+    *tiling = {isa, TileAvx512, 4, 64};
+  } else if (isa == "avx2") {
+    *tiling = {isa, TileAvx2, 4, 24};
   }
 #endif
   return Status();
 }
 
-// HvdtrackKernelIsa() -> string: the vector code HvdtrackWeightGradient runs here ("avx512",
-// "avx2"), or "none" (then mlp.weight_gradient takes TensorFlow's threaded product instead).
+// HvdtrackKernelIsa() -> string: the vector code HvdtrackWeightGradient and HvdtrackHead run
+// here ("avx512", "avx2"), or "none" (then mlp.weight_gradient takes TensorFlow's threaded
+// product instead, and head.lean_head TensorFlow's ops).
 REGISTER_OP("HvdtrackKernelIsa").Output("isa: string").SetShapeFn([](InferenceContext* c) {
   c->set_output(0, c->Scalar());
   return Status();
@@ -187,11 +181,11 @@ class KernelIsaOp : public OpKernel {
   explicit KernelIsaOp(OpKernelConstruction* context) : OpKernel(context) {}
 
   void Compute(OpKernelContext* context) override {
-    Tiling tiling;
-    OP_REQUIRES_OK(context, ChooseTile(&tiling));
+    std::string isa;
+    OP_REQUIRES_OK(context, ChooseIsa(&isa));
     Tensor* out;
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({}), &out));
-    out->scalar<::tensorflow::tstring>()() = tiling.isa;
+    out->scalar<::tensorflow::tstring>()() = isa;
   }
 };
 

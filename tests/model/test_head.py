@@ -3,13 +3,17 @@ gives TensorFlow's own gradients, with the kernel library and with TensorFlow op
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from hvdtrack.model import head as head_module
 from hvdtrack.model.head import lean_head, pack_bits, unpack_bits
-from hvdtrack.model.kernels import fused_kernels
+from hvdtrack.model.kernels import fused_kernels, vector_code
 
 
 @pytest.fixture(params=["kernels", "ops"])
@@ -130,3 +134,73 @@ def test_the_node_sums_join_the_heads_gradient(implementation, monkeypatch):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="sums need wait=True"):
         lean_head(edges, *weights, wait=False, sums=(receivers, senders, 60))
+
+
+def test_the_head_kernel_by_hand():
+    edges = tf.constant([[1.0, 2.0], [-1.0, 0.0], [0.0, 0.0]])
+    w1 = tf.constant([[1.0, -1.0, 0.5], [0.25, 1.0, -2.0]])
+    b1, w2, b2 = tf.constant([0.0, 0.5, 1.0]), tf.constant([[2.0], [-1.0], [4.0]]), [0.25]
+    # pre-activations [1.5, 1.5, -2.5], [-1, 1.5, 0.5] and b1 itself (0 is not > 0)
+    logits, bits = fused_kernels().hvdtrack_head(edges, w1, b1, w2, b2)
+    np.testing.assert_array_equal(logits.numpy(), [[1.75], [0.75], [3.75]])
+    np.testing.assert_array_equal(bits.numpy(), [[0b011], [0b110], [0b110]])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"b1, w2 and b2 must be \[3\]"):
+        fused_kernels().hvdtrack_head(edges, w1, b1, tf.constant([[2.0], [-1.0]]), b2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="edges and w1 must be"):
+        fused_kernels().hvdtrack_head(edges, tf.transpose(w1), b1, w2, b2)
+
+
+# widths: the model's (64 -> 64), whole and partial vectors and tiles, a partial byte, one unit
+@pytest.mark.parametrize("rows, width_in, hidden", [(1003, 64, 64), (37, 7, 70), (9, 16, 5),
+                                                    (6, 3, 1), (0, 4, 8)])  # fmt: skip
+def test_the_head_kernel_is_tensorflows_head(rows, width_in, hidden):
+    rng = np.random.default_rng(5)
+    edges = tf.constant(rng.standard_normal((rows, width_in)), tf.float32)
+    w1, b1, w2, b2 = _weights(rng, width_in, hidden)
+    logits, bits = fused_kernels().hvdtrack_head(edges, w1, b1, w2, b2)
+    pre = (edges @ w1 + b1).numpy()
+    expected = tf.nn.relu(pre).numpy() @ w2.numpy() + b2.numpy()
+    np.testing.assert_allclose(logits.numpy(), expected, rtol=1e-5, atol=1e-5)
+    assert bits.shape == (rows, (hidden + 7) // 8)
+    # the bits of units whose pre-activation is not within rounding of 0
+    clear = np.abs(pre) > 1e-4
+    np.testing.assert_array_equal(unpack_bits(bits, hidden).numpy()[clear], (pre > 0)[clear])
+
+
+HEAD_PROGRAM = """
+import hashlib, sys
+import numpy as np, tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+from hvdtrack.model.kernels import fused_kernels
+kernels = fused_kernels()
+rng = np.random.default_rng(6)
+parts = [rng.standard_normal(shape) * 0.3 for shape in ((3001, 64), (64, 72), (72,), (72, 1), (1,))]
+logits, bits = kernels.hvdtrack_head(*[tf.constant(p, tf.float32) for p in parts])
+digest = hashlib.sha256(logits.numpy().tobytes() + bits.numpy().tobytes()).hexdigest()
+print(kernels.hvdtrack_kernel_isa().numpy().decode(), digest)
+"""
+
+
+def test_the_head_kernel_gives_the_same_bits_on_every_isa_and_thread_count():
+    # the widest vector code here on one thread, AVX2 and the scalar code on two: one digest
+    runs = {}
+    for isa, threads in ((None, 1), ("avx2", 2), ("none", 2)):
+        env = {k: v for k, v in os.environ.items() if k != "HVDTRACK_KERNEL_ISA"}
+        env.update({"HVDTRACK_KERNEL_ISA": isa} if isa else {})
+        done = subprocess.run(
+            [sys.executable, "-c", HEAD_PROGRAM, str(threads)],
+            capture_output=True, text=True, env=env, timeout=300, check=True,
+        )  # fmt: skip
+        got, digest = done.stdout.split()[-2:]
+        runs[got] = digest
+    assert "none" in runs and len(set(runs.values())) == 1, runs
+
+
+@pytest.mark.skipif(not vector_code(), reason="lean_head takes TensorFlow's ops here")
+def test_the_step_takes_the_head_in_one_kernel():
+    rng = np.random.default_rng(7)
+    weights = _weights(rng)
+    spec = tf.TensorSpec([None, 16], tf.float32)
+    graph = tf.function(lambda e: lean_head(e, *weights, wait=False)).get_concrete_function(spec)
+    types = {op.type for op in graph.graph.get_operations()}
+    assert "HvdtrackHead" in types and "HvdtrackReluMask" not in types, types

@@ -45,6 +45,7 @@ def test_a_failed_build_names_the_command_and_leaves_nothing(tmp_path, monkeypat
         "gather_sum.cc",
         "rows.cc",
         "weight_gradient.cc",
+        "head.cc",
     ]
     with pytest.raises(
         OSError, match="false .*layer_norm.cc .*segment_sum.cc .*gather_sum.cc .* failed"
@@ -71,6 +72,6 @@ def test_without_a_compiler_the_ops_versions_run_and_say_why(tmp_path):
     assert "[[-0.99999" in done.stdout and "[[0.0], [3.0]]" in done.stdout
     assert (
         "hvdtrack kernel library (layer_norm.cc, segment_sum.cc, gather_sum.cc, rows.cc, "
-        "weight_gradient.cc) unavailable, using TensorFlow ops" in done.stderr
+        "weight_gradient.cc, head.cc) unavailable, using TensorFlow ops" in done.stderr
     )
     assert "no-compiler" in done.stderr

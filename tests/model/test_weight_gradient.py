@@ -12,17 +12,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrack.model.kernels import fused_kernels, plain_ops
-from hvdtrack.model.mlp import _vector_code, dense, weight_gradient
+from hvdtrack.model.kernels import fused_kernels, plain_ops, vector_code
+from hvdtrack.model.mlp import dense, weight_gradient
 
 pytestmark = pytest.mark.skipif(fused_kernels() is None, reason="no kernel library here")
 HANG_S = 300
 # Where mlp.weight_gradient takes the kernel in this process (vector code for this CPU, not
 # capped by HVDTRACK_KERNEL_ISA=none, oneDNN not asked for).
 routed = pytest.mark.skipif(
-    fused_kernels() is None
-    or not _vector_code(fused_kernels())
-    or os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "1",
+    not vector_code() or os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "1",
     reason="the weight gradients take TensorFlow's product in this process",
 )
 
