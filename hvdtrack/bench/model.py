@@ -31,7 +31,8 @@ the same rounds: the recomputed step's time over the plain one's, round by round
 recomputation costs). Both run under the process's allocator, which must be the caching one the
 plain step trains with: speed first's; memory first (the system allocator) is compared with
 ``TF_CPU_ALLOCATOR_USE_BFC=true``. ``--breakdown`` groups the step's op time from the TensorFlow
-profiler into matmul, gather, segment sum, layer norm, optimizer and other.
+profiler into matmul, gather, segment sum, layer norm, optimizer and other, and lists the
+``TOP_TYPES`` op types that took the most (all of them in ``--json``'s ``op_types``).
 
 ``--memory`` (a fresh process per size; ``--plot PATH``: plain and recompute, KiB per edge drawn)
 and ``--memory-budget`` (the largest graph that fits) are ``hvdtrack.bench.memory``'s; this module
@@ -53,7 +54,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from hvdtrack.bench import memory
-from hvdtrack.bench.profile import CATEGORIES, breakdown, profile_ops
+from hvdtrack.bench.profile import CATEGORIES, breakdown, by_type, profile_ops
 from hvdtrack.bench.workload import (
     EDGES_PER_NODE,
     NUM_EDGE_FEATURES,
@@ -68,6 +69,8 @@ from hvdtrack.bench.workload import (
 )
 from hvdtrack.entry import TRAINING, allocator_in_use, choose_allocator, start
 from hvdtrack.errors import HvdtrackError
+
+TOP_TYPES = 15  # op types ``--breakdown`` prints
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -248,14 +251,20 @@ def _run(args: argparse.Namespace) -> int:
             record.update(plain_step=dataclasses.asdict(plain_timing), against_plain=ratios)
         record.update(step=dataclasses.asdict(timing), matmuls=dataclasses.asdict(matmuls))
         if args.breakdown:
-            seconds = breakdown(profile_ops(step), trainer.state.optimizer.name)
+            ops = profile_ops(step)
+            seconds = breakdown(ops, trainer.state.optimizer.name)
             total = sum(seconds.values())
             print(f"op time of one step: {total * 1e3:.1f} ms")
             for name in CATEGORIES:
                 print(
                     f"  {name:<12} {seconds[name] * 1e3:8.1f} ms {100 * seconds[name] / total:5.1f}%"
                 )
+            types = by_type(ops)
+            print(f"the {TOP_TYPES} op types with the most time (ms, calls):")
+            for op_type, spent, calls in types[:TOP_TYPES]:
+                print(f"  {op_type:<28} {spent * 1e3:8.1f} {calls:5d}")
             record["breakdown"] = seconds
+            record["op_types"] = [dict(type=t, seconds=s, calls=n) for t, s, n in types]
         records.append(record)
     print(f"\n{_load()}")
     from hvdtrack import configtools
@@ -269,11 +278,13 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0, bloc
 
     For each matmul of the step (``cost.step_matmuls``), per call: y = x @ w, dx = dy @ w^T
     (skipped for the encoders' first layers) and dw = x^T @ dy, on random data of the step's
-    shapes and compute dtype, each product as the step takes it (dw by
+    shapes and compute dtype, each product as the plain step takes it (dw by
     ``mlp.weight_gradient``: the kernel library's where it runs, faster here than TensorFlow's
-    own product; the output head's two forward products by ``HvdtrackHead``, in one kernel, where
-    ``head.lean_head`` takes them so). Its time is the floor that the model's matmul shapes
-    allow here with their operands in memory, as the step's ops find them.
+    own product; the output head's two forward products by ``HvdtrackHead``, in one kernel, with
+    its bias, ReLU and bits, where ``head.lean_head`` takes them so). Its time is the floor that
+    the model's matmul shapes allow here with their operands in memory, as the step's ops find
+    them. One difference stays: ``lean_head`` takes its logit layer's two gradients ([E, H] by
+    [E, 1]) without products, which run here as TensorFlow's (they are counted FLOPs).
 
     ``block`` rows (> 0): each product as ceil(rows / block) products of ``block`` rows (the
     last of the rest) that all read the same operands, which stay in cache: the same FLOPs, at
@@ -283,7 +294,8 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0, bloc
     import tensorflow as tf
 
     from hvdtrack.model.cost import step_matmuls
-    from hvdtrack.model.kernels import fused_kernels, vector_code
+    from hvdtrack.model.head import in_one_kernel, is_lean
+    from hvdtrack.model.kernels import fused_kernels
     from hvdtrack.model.mlp import weight_gradient
 
     rows = {"nodes": num_nodes, "edges": num_edges}
@@ -293,14 +305,9 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0, bloc
     def constant(shape):
         return tf.cast(rng.standard_normal(shape, dtype=np.float32), dtype)
 
-    # The head's hidden layer and logit in one kernel (head.lean_head's condition): its
+    # The head's hidden layer and logit in one kernel (as head.lean_head takes them): its
     # forward product runs there with the logit's, which then runs no product of its own.
-    one_kernel = (
-        config.activation == "relu"
-        and len(config.output_head) == 1
-        and dtype == tf.float32
-        and vector_code()
-    )
+    one_kernel = is_lean(config, dtype) and in_one_kernel(dtype)
     operands = []
     for layer in step_matmuls(config, NUM_NODE_FEATURES, NUM_EDGE_FEATURES):
         head = one_kernel and layer.module == "edge_output"

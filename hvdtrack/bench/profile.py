@@ -1,10 +1,11 @@
 """Where a compiled step's op time and memory go, from TensorFlow profiler events.
 
-``hvdtrack bench model --breakdown`` prints ``breakdown(profile_ops(step), optimizer_scope)``;
+``hvdtrack bench model --breakdown`` prints ``breakdown(profile_ops(step), optimizer_scope)``
+and the op types that took the most time (``by_type``);
 ``bench model --memory --breakdown`` prints ``live_at_peak(step)``: the tensors the allocator
 held at its peak, grouped by shape (``shape_groups``).
 
-Public symbols: ``CATEGORIES``, ``profile_ops``, ``op_category``, ``breakdown``,
+Public symbols: ``CATEGORIES``, ``profile_ops``, ``op_category``, ``breakdown``, ``by_type``,
 ``live_at_peak``, ``shape_groups``.
 """
 
@@ -94,6 +95,21 @@ def breakdown(ops: list[tuple[str, float]], optimizer_scope: str) -> dict[str, f
     for name, duration in ops:
         seconds[op_category(name, optimizer_scope)] += duration
     return seconds
+
+
+def by_type(ops: list[tuple[str, float]]) -> list[tuple[str, float, int]]:
+    """(op type, seconds, calls) of a profiled step, by op type, most time first (ties by
+    type).
+
+    >>> by_type([("a:MatMul", 1.0), ("b:Add", 0.5), ("c:MatMul", 0.25)])
+    [('MatMul', 1.25, 2), ('Add', 0.5, 1)]
+    """
+    totals: dict[str, list] = {}
+    for name, duration in ops:
+        total = totals.setdefault(name.rpartition(":")[2], [0.0, 0])
+        total[0] += duration
+        total[1] += 1
+    return sorted(((t, s, n) for t, (s, n) in totals.items()), key=lambda x: (-x[1], x[0]))
 
 
 # ----------------------------------------------------------------------------- memory

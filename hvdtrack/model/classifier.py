@@ -38,7 +38,7 @@ from graph_nets.graphs import GraphsTuple
 
 from hvdtrack.model.chunks import auto_chunk_edges
 from hvdtrack.model.config import ModelConfig
-from hvdtrack.model.head import lean_head
+from hvdtrack.model.head import is_lean, lean_head
 from hvdtrack.model.mlp import (
     ACTIVATIONS,
     LinearStack,
@@ -221,8 +221,7 @@ class SegmentClassifier(snt.Module):
         # parts; with the lean head, the sums come from it (their gradients join its own).
         count = tf.shape(latent.nodes)[0]
         config, head, logits, sums = self._config, self._edge_output.model, None, None
-        lean = config.activation == "relu" and len(config.output_head) == 1
-        if output and lean and edges.dtype == tf.float32:
+        if output and is_lean(config, edges.dtype):
             hidden, out = head.layers
             w1, b1 = hidden.weights(edges)
             w2, b2 = out.weights(tf.zeros([0, w1.shape[-1]]))

@@ -9,8 +9,8 @@
 // and a product reading it again for the logits. Here a tile of 4 rows x 64 hidden units (16
 // vector registers, as HvdtrackWeightGradient's) is summed over L, biased, its bits taken and
 // its ReLU kept in a buffer of 4 rows that stays in L1; each row's logit is then its dot product
-// with w2 from that buffer. Only edges is read from memory, and only the bits and the logits
-// written (hvdtrack/model/head.py keeps the bits, not hidden, for the backward pass).
+// with w2 from that buffer. Of [E, ...] tensors only edges is read, and only the bits and the
+// logits written (hvdtrack/model/head.py keeps the bits, not hidden, for the backward pass).
 //
 // The sums: each hidden unit from +0 by one fused multiply-add per input column, in column
 // order, then + b1; each logit from eight partial sums (unit c into sum c % 8, by fused
@@ -18,17 +18,13 @@
 // + b2. So the bits are the same at any number of threads (rows are independent) and on AVX-512,
 // AVX2 and the scalar code alike. They are not TensorFlow's product's, which adds in another
 // order: the two agree to float rounding (tests/model/test_head.py). The vector code is chosen
-// when the op is built (ChooseIsa, kernels.h); without AVX2 the scalar code runs (with a
-// software fused multiply-add: slow, so head.lean_head takes TensorFlow's ops there instead).
+// when the op is built (ChooseIsa, kernels.h); without AVX2 the scalar code runs (std::fma, a
+// library call where the library is built for baseline x86-64: slow, so head.lean_head takes
+// TensorFlow's ops there instead).
 //
 // Built with the other kernels into the one library by hvdtrack/model/kernels.py.
 
 #include <cstring>
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define HVDTRACK_X86 1
-#endif
 
 #include "kernels.h"
 
@@ -43,10 +39,18 @@ REGISTER_OP("HvdtrackHead")
     .Output("logits: float")
     .Output("bits: uint8")
     .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle edges, w1;
+      ShapeHandle edges, w1, b1, w2, b2;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &edges));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &w1));
-      DimensionHandle width = c->Dim(w1, 1);
+      DimensionHandle inputs, width, unit;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(edges, 1), c->Dim(w1, 0), &inputs));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &b1));
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(w1, 1), c->Dim(b1, 0), &width));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 2, &w2));
+      TF_RETURN_IF_ERROR(c->Merge(width, c->Dim(w2, 0), &width));
+      TF_RETURN_IF_ERROR(c->WithValue(c->Dim(w2, 1), 1, &unit));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 1, &b2));
+      TF_RETURN_IF_ERROR(c->WithValue(c->Dim(b2, 0), 1, &unit));
       c->set_output(0, c->Matrix(c->Dim(edges, 0), 1));
       c->set_output(1, c->Matrix(c->Dim(edges, 0), c->ValueKnown(width)
                                                        ? c->MakeDim(MaskBytes(c->Value(width)))
@@ -54,21 +58,25 @@ REGISTER_OP("HvdtrackHead")
       return Status();
     });
 
+namespace {
+
 // Rows per tile, and per unit of work a thread takes.
 constexpr int64 kTileRows = 4;
 constexpr int64 kShardRows = 256;
 
-// The logit's sum before + b2: x . w over n units in eight partial sums (see the top).
+// The logit's sum before + b2: x . w over n units in eight partial sums (see the top), the
+// last group's missing units as 0 * 0 (as the vector code's masked lanes).
 float DotScalar(const float* x, const float* w, int64 n) {
   float s[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   for (int64 c = 0; c < n; ++c) s[c % 8] = std::fma(x[c], w[c], s[c % 8]);
+  for (int64 c = n; c % 8 != 0; ++c) s[c % 8] = std::fma(0.f, 0.f, s[c % 8]);
   return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
 
-// rows (<= kTileRows) rows of edges from e: hidden units into relu (rows x h, stride h),
-// their bits into bits (stride bytes); the scalar code, the reference of the vector code's bits.
+// rows (<= kTileRows) rows of edges from e: hidden units into relu (rows of stride floats),
+// their bits into bits (rows of bytes); the scalar code, the reference of the vector code's.
 void TileScalar(const float* e, int64 l, const float* w1, const float* b1, int64 h, int64 rows,
-                float* relu, uint8_t* bits, int64 bytes) {
+                float* relu, int64 stride, uint8_t* bits, int64 bytes) {
   for (int64 ii = 0; ii < rows; ++ii) {
     std::memset(bits + ii * bytes, 0, bytes);
     for (int64 c = 0; c < h; ++c) {
@@ -76,13 +84,13 @@ void TileScalar(const float* e, int64 l, const float* w1, const float* b1, int64
       for (int64 k = 0; k < l; ++k) acc = std::fma(e[ii * l + k], w1[k * h + c], acc);
       const float v = acc + b1[c];
       bits[ii * bytes + c / 8] |= static_cast<uint8_t>(v > 0.f) << (c % 8);
-      relu[ii * h + c] = v > 0.f || std::isnan(v) ? v : 0.f;  // a NaN stays NaN, as in Relu
+      relu[ii * stride + c] = v < 0.f ? 0.f : v;  // MAXPS(0, v): a NaN stays NaN, as in Relu
     }
   }
 }
 
 using TileFn = void (*)(const float* e, int64 l, const float* w1, const float* b1, int64 h,
-                        int64 rows, float* relu, uint8_t* bits, int64 bytes);
+                        int64 rows, float* relu, int64 stride, uint8_t* bits, int64 bytes);
 using DotFn = float (*)(const float* x, const float* w, int64 n);
 
 #ifdef HVDTRACK_X86
@@ -104,7 +112,8 @@ __attribute__((target("avx2,fma"))) float DotAvx2(const float* x, const float* w
 
 // The vector tiles for one ISA: VEC vectors of LANES floats, NJ of them per row in the widest
 // tile; MASK(n) the lanes below n, with which LOADM reads the last columns (the other lanes
-// zeros, whose ReLU, 0, is stored into the buffer's padding); BITS(v) the lanes of v > 0.
+// zeros, whose sums are stored into the buffer's padding, never read); BITS(v) the lanes of
+// v > 0. The buffer's rows (stride) hold whole vectors.
 #define HVDTRACK_HEAD_TILES(TARGET, NAME, VEC, LANES, ZERO, LOAD, SET1, FMA, ADD, MAX, STORE,    \
                             MASKT, MASK, LOADM, BITS, NJ)                                         \
   template <int TI, int TJ, bool TAIL>                                                          \
@@ -152,8 +161,7 @@ __attribute__((target("avx2,fma"))) float DotAvx2(const float* x, const float* w
   }                                                                                             \
   __attribute__((target(TARGET))) void NAME(const float* e, int64 l, const float* w1,           \
                                             const float* b1, int64 h, int64 rows, float* relu,  \
-                                            uint8_t* bits, int64 bytes) {                       \
-    const int64 stride = (h + 15) / 16 * 16;                                                    \
+                                            int64 stride, uint8_t* bits, int64 bytes) {         \
     switch (rows) {                                                                             \
       case 4: return NAME##Rows<4>(e, l, w1, b1, h, relu, stride, bits, bytes);                 \
       case 3: return NAME##Rows<3>(e, l, w1, b1, h, relu, stride, bits, bytes);                 \
@@ -193,6 +201,8 @@ HVDTRACK_HEAD_TILES("avx2,fma", HeadAvx2, __m256, 8, _mm256_setzero_ps, _mm256_l
 #undef HVDTRACK_HEAD_TILES
 #endif
 
+}  // namespace
+
 class HeadOp : public OpKernel {
  public:
   explicit HeadOp(OpKernelConstruction* context) : OpKernel(context) {
@@ -205,7 +215,6 @@ class HeadOp : public OpKernel {
     if (isa == "avx512") tile_ = HeadAvx512;
     if (isa == "avx2") tile_ = HeadAvx2;
 #endif
-    padded_ = isa != "none";  // the vector tiles store whole vectors into the buffer's rows
   }
 
   void Compute(OpKernelContext* context) override {
@@ -239,7 +248,7 @@ class HeadOp : public OpKernel {
     const float bias = b2.flat<float>()(0);
     float* lp = logits->flat<float>().data();
     uint8_t* bp = bits->flat<uint8_t>().data();
-    const int64 stride = padded_ ? (h + 15) / 16 * 16 : h;
+    const int64 stride = (h + 15) / 16 * 16;  // whole vectors of 16 or 8 floats a row
     const TileFn tile = tile_;
     const DotFn dot = dot_;
     auto run = [&](int64 begin, int64 end) {  // shards of kShardRows rows
@@ -247,7 +256,7 @@ class HeadOp : public OpKernel {
       const int64 last = std::min(rows, end * kShardRows);
       for (int64 r0 = begin * kShardRows; r0 < last; r0 += kTileRows) {
         const int64 n = std::min(kTileRows, last - r0);
-        tile(ep + r0 * l, l, w1p, b1p, h, n, relu.data(), bp + r0 * bytes, bytes);
+        tile(ep + r0 * l, l, w1p, b1p, h, n, relu.data(), stride, bp + r0 * bytes, bytes);
         for (int64 ii = 0; ii < n; ++ii) {
           lp[r0 + ii] = dot(relu.data() + ii * stride, w2p, h) + bias;
         }
@@ -263,7 +272,6 @@ class HeadOp : public OpKernel {
  private:
   TileFn tile_;
   DotFn dot_;
-  bool padded_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("HvdtrackHead").Device(::tensorflow::DEVICE_CPU), HeadOp);

@@ -24,7 +24,7 @@ So the latents pass through the head (``lean_head`` returns them with the logit)
 backward pass waits for their gradient from the later steps: until then only the bits and
 dlogit [E] are held.
 
-Public symbols: ``lean_head``, ``pack_bits``, ``unpack_bits``.
+Public symbols: ``lean_head``, ``is_lean``, ``in_one_kernel``, ``pack_bits``, ``unpack_bits``.
 """
 
 from __future__ import annotations
@@ -33,12 +33,25 @@ from typing import Optional
 
 import tensorflow as tf
 
+from hvdtrack.model.config import ModelConfig
 from hvdtrack.model.kernels import fused_kernels, vector_code
 from hvdtrack.model.mlp import weight_gradient
 from hvdtrack.model.segments import gather_sum, segment_sum
 
 # Not a tensor at import: that would start TensorFlow's runtime before the threads are set.
 _POWERS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def is_lean(config: ModelConfig, dtype: tf.DType) -> bool:
+    """Whether the model's head runs as ``lean_head`` on latents of ``dtype``: one hidden ReLU
+    layer, in float32 (``SegmentClassifier.core_step``)."""
+    return config.activation == "relu" and len(config.output_head) == 1 and dtype == tf.float32
+
+
+def in_one_kernel(dtype: tf.DType) -> bool:
+    """Whether ``lean_head``'s forward pass on latents of ``dtype`` is one ``HvdtrackHead``:
+    float32, the kernel library loaded, with vector code for this CPU."""
+    return dtype == tf.float32 and vector_code()
 
 
 def pack_bits(mask: tf.Tensor) -> tf.Tensor:
@@ -108,7 +121,7 @@ def _forward(edges, w1, b1, w2, b2):
     """The logits [E, 1], and the backward pass from dlogit: (de, dw1, db1, dw2, db2)."""
     width = w1.shape[-1]
     kernels = fused_kernels()
-    if kernels and vector_code():  # the whole forward pass in one kernel: hidden never written
+    if in_one_kernel(edges.dtype):  # the whole forward pass in one kernel: hidden never written
         logits, bits = kernels.hvdtrack_head(edges, w1, b1, w2, b2)
     else:
         hidden = tf.nn.relu(tf.nn.bias_add(edges @ w1, b1))  # one _FusedMatMul

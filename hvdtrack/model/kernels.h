@@ -18,6 +18,10 @@
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define HVDTRACK_X86 1  // vector code for AVX-512 and AVX2 in target functions (ChooseIsa)
+#endif
 
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -40,7 +44,8 @@ using ::tensorflow::shape_inference::ShapeHandle;
 
 // The widest vector code the CPU has, at most HVDTRACK_KERNEL_ISA's ("avx512", "avx2" or
 // "none": a common choice for nodes of different CPUs, and how the tests compare the paths on
-// one CPU): "avx512" (AVX-512F), "avx2" (AVX2 and FMA) or "none" (neither, or not x86).
+// one CPU): "avx512" (AVX-512F, AVX2 and FMA), "avx2" (AVX2 and FMA) or "none" (neither, or
+// not x86).
 // HvdtrackWeightGradient and HvdtrackHead choose their code by it when they are built.
 inline Status ChooseIsa(std::string* isa) {
   const char* cap = std::getenv("HVDTRACK_KERNEL_ISA");
@@ -50,11 +55,13 @@ inline Status ChooseIsa(std::string* isa) {
         "HVDTRACK_KERNEL_ISA must be avx512, avx2 or none, got '", most, "'");
   }
   *isa = "none";
-#if defined(__x86_64__) || defined(__i386__)
+#ifdef HVDTRACK_X86
   __builtin_cpu_init();
-  if (most == "avx512" && __builtin_cpu_supports("avx512f")) {
+  // the AVX-512 code also calls AVX2 and FMA code (HvdtrackHead's logits)
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (most == "avx512" && avx2 && __builtin_cpu_supports("avx512f")) {
     *isa = "avx512";
-  } else if (most != "none" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+  } else if (most != "none" && avx2) {
     *isa = "avx2";
   }
 #endif

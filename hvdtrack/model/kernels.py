@@ -2,10 +2,10 @@
 
 One library holds the fused kernels (``SOURCES``): ``layer_norm.cc`` (``HvdtrackLayerNorm``,
 ``HvdtrackLayerNormGrad``, used by ``norm.LayerNorm``; ``HvdtrackReluMask``,
-``HvdtrackMaskedColumn``, used by ``head.lean_head``), ``segment_sum.cc``
-(``HvdtrackSegmentSum``, ``HvdtrackSegmentAdd``, ``HvdtrackGatherSumGrad``, used by
-``segments.segment_sum``, ``segment_add`` and ``gather_sum``'s gradient) and ``gather_sum.cc``
-(``HvdtrackGatherSum``, used by ``segments.gather_sum``), ``rows.cc``
+``HvdtrackMaskedColumn``, used by ``head.lean_head``, the first without vector code),
+``segment_sum.cc`` (``HvdtrackSegmentSum``, ``HvdtrackSegmentAdd``, ``HvdtrackGatherSumGrad``,
+used by ``segments.segment_sum``, ``segment_add`` and ``gather_sum``'s gradient),
+``gather_sum.cc`` (``HvdtrackGatherSum``, used by ``segments.gather_sum``), ``rows.cc``
 (``HvdtrackWriteRows``, used by ``chunks.write_rows``), ``weight_gradient.cc``
 (``HvdtrackWeightGradient``, used by ``mlp.weight_gradient``) and ``head.cc`` (``HvdtrackHead``,
 used by ``head.lean_head``); the last two run AVX-512 or AVX2 code chosen at run time, at most

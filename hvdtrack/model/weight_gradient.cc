@@ -26,11 +26,6 @@
 #include <cstring>
 #include <string>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define HVDTRACK_X86 1
-#endif
-
 #include "kernels.h"
 
 namespace hvdtrack {
@@ -148,21 +143,20 @@ HVDTRACK_TILES("avx2,fma", TileAvx2, __m256, 8, _mm256_setzero_ps, _mm256_loadu_
 // The tile function for this CPU: the widest vectors it has, at most HVDTRACK_KERNEL_ISA's
 // (ChooseIsa, kernels.h).
 struct Tiling {
-  std::string isa;  // "avx512", "avx2" or "none"
-  TileFn fn;        // nullptr: no vector code for this CPU (Eigen's product instead)
-  int64 rows;       // of out (columns of x) per tile
-  int64 cols;       // of out per tile
+  TileFn fn;   // nullptr: no vector code for this CPU (Eigen's product instead)
+  int64 rows;  // of out (columns of x) per tile
+  int64 cols;  // of out per tile
 };
 
 Status ChooseTile(Tiling* tiling) {
   std::string isa;
   TF_RETURN_IF_ERROR(ChooseIsa(&isa));
-  *tiling = {isa, nullptr, 0, 0};
+  *tiling = {nullptr, 0, 0};
 #ifdef HVDTRACK_X86
   if (isa == "avx512") {
-    *tiling = {isa, TileAvx512, 4, 64};
+    *tiling = {TileAvx512, 4, 64};
   } else if (isa == "avx2") {
-    *tiling = {isa, TileAvx2, 4, 24};
+    *tiling = {TileAvx2, 4, 24};
   }
 #endif
   return Status();

@@ -33,6 +33,10 @@ def test_benchmark_times_the_trainers_step_and_writes_records(tmp_path, capsys):
     shares = records[0]["breakdown"]
     assert set(shares) == set(profile.CATEGORIES)
     assert shares["matmul"] > 0 and shares["optimizer"] > 0 and shares["segment sum"] > 0
+    types = records[0]["op_types"]  # every op type, most time first; their time is the classes'
+    assert [t["seconds"] for t in types] == sorted((t["seconds"] for t in types), reverse=True)
+    assert sum(t["seconds"] for t in types) == pytest.approx(sum(shares.values()))
+    assert "op types with the most time (ms, calls):" in printed
 
 
 def test_a_recomputed_step_says_what_it_computes_again(tmp_path, capsys):
@@ -89,6 +93,16 @@ def test_time_calls_counts_the_pages_a_call_faults_in():
 )
 def test_op_categories(name, category):
     assert profile.op_category(name, "adam") == category
+
+
+def test_op_types_by_time_and_calls():
+    ops = [
+        ("a/MatMul:MatMul", 1.0),
+        ("b:GatherV2", 0.5),
+        ("c/MatMul_1:MatMul", 0.25),
+        ("d:Add", 0.5),
+    ]
+    assert profile.by_type(ops) == [("MatMul", 1.25, 2), ("Add", 0.5, 1), ("GatherV2", 0.5, 1)]
 
 
 def test_breakdown_sums_by_category():
