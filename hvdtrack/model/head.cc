@@ -78,7 +78,7 @@ float DotScalar(const float* x, const float* w, int64 n) {
 void TileScalar(const float* e, int64 l, const float* w1, const float* b1, int64 h, int64 rows,
                 float* relu, int64 stride, uint8_t* bits, int64 bytes) {
   for (int64 ii = 0; ii < rows; ++ii) {
-    std::memset(bits + ii * bytes, 0, bytes);
+    if (bytes > 0) std::memset(bits + ii * bytes, 0, bytes);  // (no pointer with no units)
     for (int64 c = 0; c < h; ++c) {
       float acc = 0.f;
       for (int64 k = 0; k < l; ++k) acc = std::fma(e[ii * l + k], w1[k * h + c], acc);
@@ -100,10 +100,9 @@ __attribute__((target("avx2,fma"))) float DotAvx2(const float* x, const float* w
   for (; c + 8 <= n; c += 8) {
     s = _mm256_fmadd_ps(_mm256_loadu_ps(x + c), _mm256_loadu_ps(w + c), s);
   }
-  if (c < n) {  // the other lanes: 0 * 0 added, which leaves a sum of +0 or more as it is
-    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n - c)),
-                                         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    s = _mm256_fmadd_ps(_mm256_maskload_ps(x + c, m), _mm256_maskload_ps(w + c, m), s);
+  if (c < n) {  // the other lanes: 0 * 0 added (as DotScalar does)
+    const __m256i m = Mask256(n - c);
+    s = _mm256_fmadd_ps(LoadMasked256(x + c, m), LoadMasked256(w + c, m), s);
   }
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));  // (s0+s4)+(s2+s6), (s1+s5)+(s3+s7)
@@ -112,8 +111,8 @@ __attribute__((target("avx2,fma"))) float DotAvx2(const float* x, const float* w
 
 // The vector tiles for one ISA: VEC vectors of LANES floats, NJ of them per row in the widest
 // tile; MASK(n) the lanes below n, with which LOADM reads the last columns (the other lanes
-// zeros, whose sums are stored into the buffer's padding, never read); BITS(v) the lanes of
-// v > 0. The buffer's rows (stride) hold whole vectors.
+// zeros, whose sums, 0 or a NaN from an inf input, go into the buffer's padding, never read,
+// and give no bit); BITS(v) the lanes of v > 0. The buffer's rows (stride) hold whole vectors.
 #define HVDTRACK_HEAD_TILES(TARGET, NAME, VEC, LANES, ZERO, LOAD, SET1, FMA, ADD, MAX, STORE,    \
                             MASKT, MASK, LOADM, BITS, NJ)                                         \
   template <int TI, int TJ, bool TAIL>                                                          \
@@ -170,21 +169,8 @@ __attribute__((target("avx2,fma"))) float DotAvx2(const float* x, const float* w
     }                                                                                           \
   }
 
-__attribute__((target("avx512f"))) inline __mmask16 HeadMask512(int64 n) {
-  return static_cast<__mmask16>((1u << n) - 1u);
-}
-__attribute__((target("avx512f"))) inline __m512 HeadLoad512(const float* p, __mmask16 m) {
-  return _mm512_maskz_loadu_ps(m, p);
-}
 __attribute__((target("avx512f"))) inline uint32_t HeadBits512(__m512 v) {
   return _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ);
-}
-__attribute__((target("avx2"))) inline __m256i HeadMask256(int64 n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-__attribute__((target("avx2"))) inline __m256 HeadLoad256(const float* p, __m256i m) {
-  return _mm256_maskload_ps(p, m);
 }
 __attribute__((target("avx2"))) inline uint32_t HeadBits256(__m256 v) {
   return _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GT_OQ));
@@ -193,11 +179,11 @@ __attribute__((target("avx2"))) inline uint32_t HeadBits256(__m256 v) {
 // 4 x 4 vectors of 16 floats: 16 of the 32 zmm registers (4 rows x 64 hidden units a tile).
 HVDTRACK_HEAD_TILES("avx512f", HeadAvx512, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps,
                     _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_max_ps,
-                    _mm512_storeu_ps, __mmask16, HeadMask512, HeadLoad512, HeadBits512, 4)
+                    _mm512_storeu_ps, __mmask16, Mask512, LoadMasked512, HeadBits512, 4)
 // 4 x 3 vectors of 8 floats: 12 of the 16 ymm registers (4 rows x 24 hidden units a tile).
 HVDTRACK_HEAD_TILES("avx2,fma", HeadAvx2, __m256, 8, _mm256_setzero_ps, _mm256_loadu_ps,
                     _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_max_ps,
-                    _mm256_storeu_ps, __m256i, HeadMask256, HeadLoad256, HeadBits256, 3)
+                    _mm256_storeu_ps, __m256i, Mask256, LoadMasked256, HeadBits256, 3)
 #undef HVDTRACK_HEAD_TILES
 #endif
 

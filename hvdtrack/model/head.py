@@ -12,11 +12,11 @@ needs e, which the next step keeps anyway, and the mask, not the hidden layer: `
 keeps the mask packed into bits, 8 bytes per edge instead of 256 in float32 (1.9 KB per edge
 over the default model's 8 heads). The products are the ones the gradient of a plain head
 takes (M, by ``mlp.weight_gradient``, is its dw1 before the scaling by w2; de = D @ (w1 *
-w2^T)^T), so the time is the same. On
-CPU the kernel library takes the forward pass in one pass over the edges (``HvdtrackHead``,
-``head.cc``: hidden [E, H] is never written; without vector code for the CPU a
-``_FusedMatMul``, ``HvdtrackReluMask`` and a product) and makes D (``HvdtrackMaskedColumn``
-in ``layer_norm.cc``); elsewhere TensorFlow's ops, with ``pack_bits`` / ``unpack_bits``.
+w2^T)^T), so the time is the same. On CPU the kernel library takes the forward pass in one
+pass over the edges (``HvdtrackHead``, ``head.cc``: hidden [E, H] is never written; without
+vector code for the CPU a ``_FusedMatMul``, ``HvdtrackReluMask`` and a product) and makes D
+(``HvdtrackMaskedColumn`` in ``layer_norm.cc``); elsewhere TensorFlow's ops, with
+``pack_bits`` / ``unpack_bits``.
 
 TensorFlow runs a head's backward pass as soon as its logit's gradient exists, at the start of
 the backward pass, and would hold each head's de [E, L] until the backward pass reaches its step.

@@ -68,6 +68,24 @@ inline Status ChooseIsa(std::string* isa) {
   return Status();
 }
 
+#ifdef HVDTRACK_X86
+// The lanes below n of a vector (n <= its lanes), and a load of those lanes (the others zeros):
+// how the vector kernels read the last columns of a row.
+__attribute__((target("avx512f"))) inline __mmask16 Mask512(int64 n) {
+  return static_cast<__mmask16>((1u << n) - 1u);
+}
+__attribute__((target("avx512f"))) inline __m512 LoadMasked512(const float* p, __mmask16 m) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
+__attribute__((target("avx2"))) inline __m256i Mask256(int64 n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+__attribute__((target("avx2"))) inline __m256 LoadMasked256(const float* p, __m256i m) {
+  return _mm256_maskload_ps(p, m);
+}
+#endif
+
 // Requests every cache line of a row of width floats, for rows read out of memory order.
 inline void Prefetch(const float* row, int64 width) {
   const char* bytes = reinterpret_cast<const char*>(row);

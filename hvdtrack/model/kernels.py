@@ -2,7 +2,8 @@
 
 One library holds the fused kernels (``SOURCES``): ``layer_norm.cc`` (``HvdtrackLayerNorm``,
 ``HvdtrackLayerNormGrad``, used by ``norm.LayerNorm``; ``HvdtrackReluMask``,
-``HvdtrackMaskedColumn``, used by ``head.lean_head``, the first without vector code),
+``HvdtrackMaskedColumn``, used by ``head.lean_head``, the first only where ``HvdtrackHead``
+does not run),
 ``segment_sum.cc`` (``HvdtrackSegmentSum``, ``HvdtrackSegmentAdd``, ``HvdtrackGatherSumGrad``,
 used by ``segments.segment_sum``, ``segment_add`` and ``gather_sum``'s gradient),
 ``gather_sum.cc`` (``HvdtrackGatherSum``, used by ``segments.gather_sum``), ``rows.cc``

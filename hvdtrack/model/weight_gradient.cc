@@ -112,19 +112,6 @@ using TileFn = void (*)(const float* x, int64 a, const float* d, int64 b, int64 
     }                                                                                           \
   }
 
-__attribute__((target("avx512f"))) inline __mmask16 Mask512(int64 n) {
-  return static_cast<__mmask16>((1u << n) - 1u);
-}
-__attribute__((target("avx512f"))) inline __m512 LoadMasked512(const float* p, __mmask16 m) {
-  return _mm512_maskz_loadu_ps(m, p);
-}
-__attribute__((target("avx2"))) inline __m256i Mask256(int64 n) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
-                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-__attribute__((target("avx2"))) inline __m256 LoadMasked256(const float* p, __m256i m) {
-  return _mm256_maskload_ps(p, m);
-}
 __attribute__((target("avx2"))) inline void StoreMasked256(float* p, __m256i m, __m256 v) {
   _mm256_maskstore_ps(p, m, v);
 }

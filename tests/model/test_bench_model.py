@@ -9,6 +9,7 @@ import pytest
 from hvdtrack.bench import model as bench
 from hvdtrack.bench import profile
 from hvdtrack.bench.workload import Timing, round_ratios, time_calls, time_in_turn
+from hvdtrack.model.kernels import vector_code
 
 
 def test_benchmark_times_the_trainers_step_and_writes_records(tmp_path, capsys):
@@ -33,10 +34,12 @@ def test_benchmark_times_the_trainers_step_and_writes_records(tmp_path, capsys):
     shares = records[0]["breakdown"]
     assert set(shares) == set(profile.CATEGORIES)
     assert shares["matmul"] > 0 and shares["optimizer"] > 0 and shares["segment sum"] > 0
-    types = records[0]["op_types"]  # every op type, most time first; their time is the classes'
-    assert [t["seconds"] for t in types] == sorted((t["seconds"] for t in types), reverse=True)
-    assert sum(t["seconds"] for t in types) == pytest.approx(sum(shares.values()))
+    # the op types: the step's head (tiny's: one hidden ReLU layer) in one kernel where it runs
+    types = {t["type"] for t in records[0]["op_types"]}
     assert "op types with the most time (ms, calls):" in printed
+    assert any("MatMul" in t for t in types), types
+    if vector_code():
+        assert "HvdtrackHead" in types and "HvdtrackReluMask" not in types, types
 
 
 def test_a_recomputed_step_says_what_it_computes_again(tmp_path, capsys):

@@ -198,7 +198,7 @@ print(fused_kernels().hvdtrack_kernel_isa().numpy().decode(), "HvdtrackWeightGra
         (
             None,
             "avx512"
-            if _supports("avx512f")
+            if _supports("avx512f") and _supports("avx2") and _supports("fma")
             else "avx2"
             if _supports("avx2") and _supports("fma")
             else "none",
