@@ -74,9 +74,10 @@ def op_category(name: str, optimizer_scope: str) -> str:
     'matmul'
     """
     scope, _, op_type = name.rpartition(":")
-    # the kernels' x^T @ d, and the head's products with their bias, ReLU, bits and logit (as a
-    # _FusedMatMul's bias and ReLU)
-    if "MatMul" in op_type or op_type in ("HvdtrackWeightGradient", "HvdtrackHead"):
+    # the kernels' x^T @ d, the head's products with their bias, ReLU, bits and logit, and the
+    # edge update's last product with its bias and layer norm (as a _FusedMatMul's bias and ReLU)
+    kernels = ("HvdtrackWeightGradient", "HvdtrackHead", "HvdtrackLinearNorm")
+    if "MatMul" in op_type or op_type in kernels:
         return "matmul"
     if scope.startswith(optimizer_scope + "/") or f"/{optimizer_scope}/" in scope:
         return "optimizer"

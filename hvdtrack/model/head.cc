@@ -7,7 +7,7 @@
 //
 // TensorFlow takes it as a _FusedMatMul writing hidden [E, H], a pass reading it for the bits
 // and a product reading it again for the logits. Here a tile of 4 rows x 64 hidden units (16
-// vector registers, as HvdtrackWeightGradient's) is summed over L, biased, its bits taken and
+// vector registers; kernels.h's product tile) is summed over L, biased, its bits taken and
 // its ReLU kept in a buffer of 4 rows that stays in L1; each row's logit is then its dot product
 // with w2 from that buffer. Of [E, ...] tensors only edges is read, and only the bits and the
 // logits written (hvdtrack/model/head.py keeps the bits, not hidden, for the backward pass).
@@ -23,8 +23,6 @@
 // TensorFlow's ops there instead).
 //
 // Built with the other kernels into the one library by hvdtrack/model/kernels.py.
-
-#include <cstring>
 
 #include "kernels.h"
 
@@ -73,24 +71,6 @@ float DotScalar(const float* x, const float* w, int64 n) {
   return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
 
-// rows (<= kTileRows) rows of edges from e: hidden units into relu (rows of stride floats),
-// their bits into bits (rows of bytes); the scalar code, the reference of the vector code's.
-void TileScalar(const float* e, int64 l, const float* w1, const float* b1, int64 h, int64 rows,
-                float* relu, int64 stride, uint8_t* bits, int64 bytes) {
-  for (int64 ii = 0; ii < rows; ++ii) {
-    if (bytes > 0) std::memset(bits + ii * bytes, 0, bytes);  // (no pointer with no units)
-    for (int64 c = 0; c < h; ++c) {
-      float acc = 0.f;
-      for (int64 k = 0; k < l; ++k) acc = std::fma(e[ii * l + k], w1[k * h + c], acc);
-      const float v = acc + b1[c];
-      bits[ii * bytes + c / 8] |= static_cast<uint8_t>(v > 0.f) << (c % 8);
-      relu[ii * stride + c] = v < 0.f ? 0.f : v;  // MAXPS(0, v): a NaN stays NaN, as in Relu
-    }
-  }
-}
-
-using TileFn = void (*)(const float* e, int64 l, const float* w1, const float* b1, int64 h,
-                        int64 rows, float* relu, int64 stride, uint8_t* bits, int64 bytes);
 using DotFn = float (*)(const float* x, const float* w, int64 n);
 
 #ifdef HVDTRACK_X86
@@ -109,82 +89,6 @@ __attribute__((target("avx2,fma"))) float DotAvx2(const float* x, const float* w
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
-// The vector tiles for one ISA: VEC vectors of LANES floats, NJ of them per row in the widest
-// tile; MASK(n) the lanes below n, with which LOADM reads the last columns (the other lanes
-// zeros, whose sums, 0 or a NaN from an inf input, go into the buffer's padding, never read,
-// and give no bit); BITS(v) the lanes of v > 0. The buffer's rows (stride) hold whole vectors.
-#define HVDTRACK_HEAD_TILES(TARGET, NAME, VEC, LANES, ZERO, LOAD, SET1, FMA, ADD, MAX, STORE,    \
-                            MASKT, MASK, LOADM, BITS, NJ)                                         \
-  template <int TI, int TJ, bool TAIL>                                                          \
-  __attribute__((target(TARGET))) void NAME##Fixed(const float* e, int64 l, const float* w1,    \
-                                                   const float* b1, int64 h, int64 j, MASKT m,  \
-                                                   float* relu, int64 stride, uint8_t* bits,    \
-                                                   int64 bytes) {                               \
-    VEC acc[TI][TJ];                                                                            \
-    for (int ii = 0; ii < TI; ++ii)                                                             \
-      for (int jj = 0; jj < TJ; ++jj) acc[ii][jj] = ZERO();                                     \
-    for (int64 k = 0; k < l; ++k) {                                                             \
-      const float* wk = w1 + k * h + j;                                                         \
-      VEC wv[TJ];                                                                               \
-      for (int jj = 0; jj < TJ; ++jj)                                                           \
-        wv[jj] = TAIL ? LOADM(wk + LANES * jj, m) : LOAD(wk + LANES * jj);                      \
-      for (int ii = 0; ii < TI; ++ii) {                                                         \
-        const VEC ev = SET1(e[ii * l + k]);                                                     \
-        for (int jj = 0; jj < TJ; ++jj) acc[ii][jj] = FMA(ev, wv[jj], acc[ii][jj]);             \
-      }                                                                                         \
-    }                                                                                           \
-    for (int jj = 0; jj < TJ; ++jj) {                                                           \
-      const int64 c = j + LANES * jj;                                                           \
-      const VEC bias = TAIL ? LOADM(b1 + c, m) : LOAD(b1 + c);                                  \
-      for (int ii = 0; ii < TI; ++ii) {                                                         \
-        const VEC v = ADD(acc[ii][jj], bias);                                                   \
-        const uint32_t set = BITS(v);                                                           \
-        const int64 n = std::min<int64>(LANES / 8, bytes - c / 8); /* the tail: its bytes */    \
-        std::memcpy(bits + ii * bytes + c / 8, &set, n);                                        \
-        STORE(relu + ii * stride + c, MAX(ZERO(), v)); /* MAX(0, NaN) is NaN */                 \
-      }                                                                                         \
-    }                                                                                           \
-  }                                                                                             \
-  template <int TI>                                                                             \
-  __attribute__((target(TARGET))) void NAME##Rows(const float* e, int64 l, const float* w1,     \
-                                                  const float* b1, int64 h, float* relu,        \
-                                                  int64 stride, uint8_t* bits, int64 bytes) {   \
-    int64 j = 0;                                                                                \
-    const MASKT all = MASK(LANES);                                                              \
-    for (; j + NJ * LANES <= h; j += NJ * LANES)                                                \
-      NAME##Fixed<TI, NJ, false>(e, l, w1, b1, h, j, all, relu, stride, bits, bytes);           \
-    for (; j + LANES <= h; j += LANES)                                                          \
-      NAME##Fixed<TI, 1, false>(e, l, w1, b1, h, j, all, relu, stride, bits, bytes);            \
-    if (j < h)                                                                                  \
-      NAME##Fixed<TI, 1, true>(e, l, w1, b1, h, j, MASK(h - j), relu, stride, bits, bytes);     \
-  }                                                                                             \
-  __attribute__((target(TARGET))) void NAME(const float* e, int64 l, const float* w1,           \
-                                            const float* b1, int64 h, int64 rows, float* relu,  \
-                                            int64 stride, uint8_t* bits, int64 bytes) {         \
-    switch (rows) {                                                                             \
-      case 4: return NAME##Rows<4>(e, l, w1, b1, h, relu, stride, bits, bytes);                 \
-      case 3: return NAME##Rows<3>(e, l, w1, b1, h, relu, stride, bits, bytes);                 \
-      case 2: return NAME##Rows<2>(e, l, w1, b1, h, relu, stride, bits, bytes);                 \
-      default: return NAME##Rows<1>(e, l, w1, b1, h, relu, stride, bits, bytes);                \
-    }                                                                                           \
-  }
-
-__attribute__((target("avx512f"))) inline uint32_t HeadBits512(__m512 v) {
-  return _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ);
-}
-__attribute__((target("avx2"))) inline uint32_t HeadBits256(__m256 v) {
-  return _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GT_OQ));
-}
-
-// 4 x 4 vectors of 16 floats: 16 of the 32 zmm registers (4 rows x 64 hidden units a tile).
-HVDTRACK_HEAD_TILES("avx512f", HeadAvx512, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps,
-                    _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_max_ps,
-                    _mm512_storeu_ps, __mmask16, Mask512, LoadMasked512, HeadBits512, 4)
-// 4 x 3 vectors of 8 floats: 12 of the 16 ymm registers (4 rows x 24 hidden units a tile).
-HVDTRACK_HEAD_TILES("avx2,fma", HeadAvx2, __m256, 8, _mm256_setzero_ps, _mm256_loadu_ps,
-                    _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_max_ps,
-                    _mm256_storeu_ps, __m256i, Mask256, LoadMasked256, HeadBits256, 3)
-#undef HVDTRACK_HEAD_TILES
 #endif
 
 }  // namespace
@@ -194,12 +98,10 @@ class HeadOp : public OpKernel {
   explicit HeadOp(OpKernelConstruction* context) : OpKernel(context) {
     std::string isa;
     OP_REQUIRES_OK(context, ChooseIsa(&isa));
-    tile_ = TileScalar;
+    tile_ = ProductTileFor<true>(isa);
     dot_ = DotScalar;
 #ifdef HVDTRACK_X86
     if (isa != "none") dot_ = DotAvx2;
-    if (isa == "avx512") tile_ = HeadAvx512;
-    if (isa == "avx2") tile_ = HeadAvx2;
 #endif
   }
 
@@ -234,8 +136,8 @@ class HeadOp : public OpKernel {
     const float bias = b2.flat<float>()(0);
     float* lp = logits->flat<float>().data();
     uint8_t* bp = bits->flat<uint8_t>().data();
-    const int64 stride = (h + 15) / 16 * 16;  // whole vectors of 16 or 8 floats a row
-    const TileFn tile = tile_;
+    const int64 stride = TileStride(h);
+    const ProductTileFn tile = tile_;
     const DotFn dot = dot_;
     auto run = [&](int64 begin, int64 end) {  // shards of kShardRows rows
       std::vector<float> relu(kTileRows * std::max<int64>(stride, 1));
@@ -256,7 +158,7 @@ class HeadOp : public OpKernel {
   }
 
  private:
-  TileFn tile_;
+  ProductTileFn tile_;
   DotFn dot_;
 };
 

@@ -1,7 +1,8 @@
 // What the kernel library's sources share: TensorFlow's headers and names, a prefetch of rows
 // gathered out of memory order, ReLU masks of one bit per element (made from a row, and
-// applied to a row of gradients) and the choice of vector code. Included by layer_norm.cc,
-// segment_sum.cc, gather_sum.cc, rows.cc, weight_gradient.cc and head.cc;
+// applied to a row of gradients), the choice of vector code and a product's tile in it.
+// Included by layer_norm.cc, segment_sum.cc, gather_sum.cc, rows.cc, weight_gradient.cc and
+// head.cc;
 // hvdtrack/model/kernels.py builds them into one library (and hashes this file with them into
 // the cached library's name).
 
@@ -12,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -46,7 +48,8 @@ using ::tensorflow::shape_inference::ShapeHandle;
 // "none": a common choice for nodes of different CPUs, and how the tests compare the paths on
 // one CPU): "avx512" (AVX-512F, AVX2 and FMA), "avx2" (AVX2 and FMA) or "none" (neither, or
 // not x86).
-// HvdtrackWeightGradient and HvdtrackHead choose their code by it when they are built.
+// HvdtrackWeightGradient, HvdtrackHead and HvdtrackLinearNorm choose their code by it when
+// they are built.
 inline Status ChooseIsa(std::string* isa) {
   const char* cap = std::getenv("HVDTRACK_KERNEL_ISA");
   const std::string most = cap == nullptr || *cap == '\0' ? "avx512" : cap;  // unset or empty
@@ -85,6 +88,136 @@ __attribute__((target("avx2"))) inline __m256 LoadMasked256(const float* p, __m2
   return _mm256_maskload_ps(p, m);
 }
 #endif
+
+// A tile of a product on the CPU's vector units (HvdtrackHead's hidden layer, HvdtrackLinearNorm's
+// product): rows (<= 4) rows of x (each of k floats) times w [k, h], plus b [h], into out (rows
+// of stride floats, whole vectors); with kRelu, max(0, z) into out and each element's bit of
+// z > 0 into bits (rows of bytes), else z itself (bits unused). Each element is summed from +0
+// by one fused multiply-add per column of x, in column order, then + b: so the bits are the
+// same at any number of threads (rows are independent) and on AVX-512, AVX2 and this scalar
+// code alike (it is their reference). They are not TensorFlow's product's, which adds in
+// another order. Without AVX2 the scalar code runs (std::fma, a library call in this library's
+// baseline x86-64 build: slow, so the Python side takes TensorFlow's ops there instead).
+template <bool kRelu>
+void ProductTileScalar(const float* x, int64 k, const float* w, const float* b, int64 h,
+                       int64 rows, float* out, int64 stride, uint8_t* bits, int64 bytes) {
+  for (int64 ii = 0; ii < rows; ++ii) {
+    if (kRelu && bytes > 0) std::memset(bits + ii * bytes, 0, bytes);  // (none with no units)
+    for (int64 c = 0; c < h; ++c) {
+      float acc = 0.f;
+      for (int64 kk = 0; kk < k; ++kk) acc = std::fma(x[ii * k + kk], w[kk * h + c], acc);
+      const float v = acc + b[c];
+      if (kRelu) {
+        bits[ii * bytes + c / 8] |= static_cast<uint8_t>(v > 0.f) << (c % 8);
+        out[ii * stride + c] = v < 0.f ? 0.f : v;  // MAXPS(0, v): a NaN stays NaN, as in Relu
+      } else {
+        out[ii * stride + c] = v;
+      }
+    }
+  }
+}
+
+using ProductTileFn = void (*)(const float* x, int64 k, const float* w, const float* b, int64 h,
+                               int64 rows, float* out, int64 stride, uint8_t* bits, int64 bytes);
+
+#ifdef HVDTRACK_X86
+// The vector tiles for one ISA: VEC vectors of LANES floats, NJ of them per row in the widest
+// tile; MASK(n) the lanes below n, with which LOADM reads the last columns (the other lanes
+// zeros, whose sums, 0 or a NaN from an inf input, go into out's padding, never read, and give
+// no bit); BITS(v) the lanes of v > 0.
+#define HVDTRACK_PRODUCT_TILES(TARGET, NAME, VEC, LANES, ZERO, LOAD, SET1, FMA, ADD, MAX, STORE, \
+                               MASKT, MASK, LOADM, BITS, NJ)                                      \
+  template <bool RELU, int TI, int TJ, bool TAIL>                                                \
+  __attribute__((target(TARGET))) void NAME##Fixed(const float* x, int64 k, const float* w,      \
+                                                   const float* b, int64 h, int64 j, MASKT m,    \
+                                                   float* out, int64 stride, uint8_t* bits,      \
+                                                   int64 bytes) {                                \
+    VEC acc[TI][TJ];                                                                             \
+    for (int ii = 0; ii < TI; ++ii)                                                              \
+      for (int jj = 0; jj < TJ; ++jj) acc[ii][jj] = ZERO();                                      \
+    for (int64 kk = 0; kk < k; ++kk) {                                                           \
+      const float* wk = w + kk * h + j;                                                          \
+      VEC wv[TJ];                                                                                \
+      for (int jj = 0; jj < TJ; ++jj)                                                            \
+        wv[jj] = TAIL ? LOADM(wk + LANES * jj, m) : LOAD(wk + LANES * jj);                       \
+      for (int ii = 0; ii < TI; ++ii) {                                                          \
+        const VEC xv = SET1(x[ii * k + kk]);                                                     \
+        for (int jj = 0; jj < TJ; ++jj) acc[ii][jj] = FMA(xv, wv[jj], acc[ii][jj]);              \
+      }                                                                                          \
+    }                                                                                            \
+    for (int jj = 0; jj < TJ; ++jj) {                                                            \
+      const int64 c = j + LANES * jj;                                                            \
+      const VEC bias = TAIL ? LOADM(b + c, m) : LOAD(b + c);                                     \
+      for (int ii = 0; ii < TI; ++ii) {                                                          \
+        const VEC v = ADD(acc[ii][jj], bias);                                                    \
+        if (RELU) {                                                                              \
+          const uint32_t set = BITS(v);                                                          \
+          const int64 n = std::min<int64>(LANES / 8, bytes - c / 8); /* the tail: its bytes */   \
+          std::memcpy(bits + ii * bytes + c / 8, &set, n);                                       \
+          STORE(out + ii * stride + c, MAX(ZERO(), v)); /* MAX(0, NaN) is NaN */                 \
+        } else {                                                                                 \
+          STORE(out + ii * stride + c, v);                                                       \
+        }                                                                                        \
+      }                                                                                          \
+    }                                                                                            \
+  }                                                                                              \
+  template <bool RELU, int TI>                                                                   \
+  __attribute__((target(TARGET))) void NAME##Rows(const float* x, int64 k, const float* w,       \
+                                                  const float* b, int64 h, float* out,           \
+                                                  int64 stride, uint8_t* bits, int64 bytes) {    \
+    int64 j = 0;                                                                                 \
+    const MASKT all = MASK(LANES);                                                               \
+    for (; j + NJ * LANES <= h; j += NJ * LANES)                                                 \
+      NAME##Fixed<RELU, TI, NJ, false>(x, k, w, b, h, j, all, out, stride, bits, bytes);         \
+    for (; j + LANES <= h; j += LANES)                                                           \
+      NAME##Fixed<RELU, TI, 1, false>(x, k, w, b, h, j, all, out, stride, bits, bytes);          \
+    if (j < h)                                                                                   \
+      NAME##Fixed<RELU, TI, 1, true>(x, k, w, b, h, j, MASK(h - j), out, stride, bits, bytes);   \
+  }                                                                                              \
+  template <bool RELU>                                                                           \
+  __attribute__((target(TARGET))) void NAME(const float* x, int64 k, const float* w,             \
+                                            const float* b, int64 h, int64 rows, float* out,     \
+                                            int64 stride, uint8_t* bits, int64 bytes) {          \
+    switch (rows) {                                                                              \
+      case 4: return NAME##Rows<RELU, 4>(x, k, w, b, h, out, stride, bits, bytes);               \
+      case 3: return NAME##Rows<RELU, 3>(x, k, w, b, h, out, stride, bits, bytes);               \
+      case 2: return NAME##Rows<RELU, 2>(x, k, w, b, h, out, stride, bits, bytes);               \
+      default: return NAME##Rows<RELU, 1>(x, k, w, b, h, out, stride, bits, bytes);              \
+    }                                                                                            \
+  }
+
+__attribute__((target("avx512f"))) inline uint32_t PositiveBits512(__m512 v) {
+  return _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_GT_OQ);
+}
+__attribute__((target("avx2"))) inline uint32_t PositiveBits256(__m256 v) {
+  return _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GT_OQ));
+}
+
+// 4 x 4 vectors of 16 floats: 16 of the 32 zmm registers (4 rows x 64 columns a tile).
+HVDTRACK_PRODUCT_TILES("avx512f", ProductTileAvx512, __m512, 16, _mm512_setzero_ps,
+                       _mm512_loadu_ps, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps,
+                       _mm512_max_ps, _mm512_storeu_ps, __mmask16, Mask512, LoadMasked512,
+                       PositiveBits512, 4)
+// 4 x 3 vectors of 8 floats: 12 of the 16 ymm registers (4 rows x 24 columns a tile).
+HVDTRACK_PRODUCT_TILES("avx2,fma", ProductTileAvx2, __m256, 8, _mm256_setzero_ps,
+                       _mm256_loadu_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps,
+                       _mm256_max_ps, _mm256_storeu_ps, __m256i, Mask256, LoadMasked256,
+                       PositiveBits256, 3)
+#undef HVDTRACK_PRODUCT_TILES
+#endif
+
+// The tile code for an ISA of ChooseIsa's, with or without the ReLU and its bits.
+template <bool kRelu>
+ProductTileFn ProductTileFor(const std::string& isa) {
+#ifdef HVDTRACK_X86
+  if (isa == "avx512") return ProductTileAvx512<kRelu>;
+  if (isa == "avx2") return ProductTileAvx2<kRelu>;
+#endif
+  return ProductTileScalar<kRelu>;
+}
+
+// Floats a row of a tile's buffer holds: h rounded up to whole vectors of 16 (or 8) floats.
+inline int64 TileStride(int64 h) { return (h + 15) / 16 * 16; }
 
 // Requests every cache line of a row of width floats, for rows read out of memory order.
 inline void Prefetch(const float* row, int64 width) {

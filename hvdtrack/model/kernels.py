@@ -1,18 +1,18 @@
 """The model's C++ CPU kernel library: built, cached and loaded, with the switch to TensorFlow ops.
 
 One library holds the fused kernels (``SOURCES``): ``layer_norm.cc`` (``HvdtrackLayerNorm``,
-``HvdtrackLayerNormGrad``, used by ``norm.LayerNorm``; ``HvdtrackReluMask``,
-``HvdtrackMaskedColumn``, used by ``head.lean_head``, the first only where ``HvdtrackHead``
-does not run),
-``segment_sum.cc`` (``HvdtrackSegmentSum``, ``HvdtrackSegmentAdd``, ``HvdtrackGatherSumGrad``,
-used by ``segments.segment_sum``, ``segment_add`` and ``gather_sum``'s gradient),
-``gather_sum.cc`` (``HvdtrackGatherSum``, used by ``segments.gather_sum``), ``rows.cc``
-(``HvdtrackWriteRows``, used by ``chunks.write_rows``), ``weight_gradient.cc``
-(``HvdtrackWeightGradient``, used by ``mlp.weight_gradient``) and ``head.cc`` (``HvdtrackHead``,
-used by ``head.lean_head``); the last two run AVX-512 or AVX2 code chosen at run time, at most
+``HvdtrackLayerNormGrad``, used by ``norm.LayerNorm``; ``HvdtrackLinearNorm``, used by
+``mlp.linear_norm``; ``HvdtrackReluMask``, ``HvdtrackMaskedColumn``, used by ``head.lean_head``,
+the first only where ``HvdtrackHead`` does not run), ``segment_sum.cc`` (``HvdtrackSegmentSum``,
+``HvdtrackSegmentAdd``, ``HvdtrackGatherSumGrad``, used by ``segments.segment_sum``,
+``segment_add`` and ``gather_sum``'s gradient), ``gather_sum.cc`` (``HvdtrackGatherSum``, used
+by ``segments.gather_sum``), ``rows.cc`` (``HvdtrackWriteRows``, used by ``chunks.write_rows``),
+``weight_gradient.cc`` (``HvdtrackWeightGradient``, used by ``mlp.weight_gradient``) and
+``head.cc`` (``HvdtrackHead``, used by ``head.lean_head``); the last two and
+``HvdtrackLinearNorm`` run AVX-512 or AVX2 code chosen at run time, at most
 ``$HVDTRACK_KERNEL_ISA``'s (``vector_code``). Each gives the same result at any number of
-intra-op threads. It is compiled on first use against the installed TensorFlow's
-headers and cached (``run_scripts/install.sh`` builds it ahead with ``build_kernel()``).
+intra-op threads. It is compiled on first use against the installed TensorFlow's headers and
+cached (``run_scripts/install.sh`` builds it ahead with ``build_kernel()``).
 ``fused_kernels()`` is None, and its users run the same maths in TensorFlow ops, on GPUs (the
 kernels are CPU-only), without a C++ compiler (the reason is logged once), with
 ``HVDTRACK_FUSED_OPS=0``, and in functions traced under ``plain_ops()`` (an export that
@@ -132,8 +132,9 @@ def fused_kernels() -> Optional[Any]:
 def vector_code() -> bool:
     """Whether the loaded kernel library has vector code for this CPU (AVX-512 or AVX2, at
     most ``$HVDTRACK_KERNEL_ISA``'s: ``HvdtrackKernelIsa``). Without it (no library, not
-    x86-64, no AVX2) ``HvdtrackWeightGradient`` would take Eigen's product on one thread and
-    ``HvdtrackHead`` scalar code: their callers take TensorFlow's ops instead."""
+    x86-64, no AVX2) ``HvdtrackWeightGradient`` would take Eigen's product on one thread, and
+    ``HvdtrackHead`` and ``HvdtrackLinearNorm`` scalar code: their callers take TensorFlow's ops
+    instead."""
     kernels = fused_kernels()
     return kernels is not None and _isa(kernels) != "none"
 

@@ -1,4 +1,5 @@
-// Fused layer normalisation over the last axis of a float32 [rows, width] tensor (CPU).
+// Fused layer normalisation over the last axis of a float32 [rows, width] tensor (CPU), and
+// HvdtrackLinearNorm: a dense layer and the layer norm after it in one kernel (further down).
 //
 // TensorFlow's own ops take about ten passes over [rows, width] for the forward and backward
 // of a layer norm (mean, centre, square, mean, scale, ...; each a separate kernel with its own
@@ -346,6 +347,137 @@ class LayerNormGradOp : public OpKernel {
 REGISTER_KERNEL_BUILDER(Name("HvdtrackLayerNorm").Device(::tensorflow::DEVICE_CPU), LayerNormOp);
 REGISTER_KERNEL_BUILDER(Name("HvdtrackLayerNormGrad").Device(::tensorflow::DEVICE_CPU),
                         LayerNormGradOp);
+
+// A dense layer and the layer norm after it in one pass over the rows, on the CPU's vector
+// units (mlp.linear_norm: the edge update's last layer):
+//
+//   HvdtrackLinearNorm(x [rows, K], w [K, width], b [width], scale, offset; epsilon, relu)
+//       -> y, mean, rstd, mask: HvdtrackLayerNorm's outputs (but kept) on z = x @ w + b
+//
+// TensorFlow's product writes z [rows, width] and HvdtrackLayerNorm reads it back. Here a tile
+// of 4 rows of z (kernels.h's product tile: 4 x 64 in 16 zmm registers) goes into a buffer in
+// L1, and each of its rows is normalised from there by the layer norm's own row code, so y,
+// mean, rstd and mask are bit for bit HvdtrackLayerNorm's on those z. z itself is the product
+// tile's (summed in column order by fused multiply-adds: the same bits at any thread count and
+// on AVX-512, AVX2 and the scalar code), not TensorFlow's product's: the two agree to float
+// rounding. The backward pass is HvdtrackLayerNormGrad's, which reads the normalised z back
+// from y; where the scale and offset cannot give it back (InvertibleFromOutput), the caller
+// computes z again (norm.LayerNorm.backward_from). Without vector code the scalar code runs
+// (slow; mlp.linear_norm takes TensorFlow's product and HvdtrackLayerNorm there instead).
+REGISTER_OP("HvdtrackLinearNorm")
+    .Input("x: float")
+    .Input("w: float")
+    .Input("b: float")
+    .Input("scale: float")
+    .Input("offset: float")
+    .Output("y: float")
+    .Output("mean: float")
+    .Output("rstd: float")
+    .Output("mask: uint8")
+    .Attr("epsilon: float")
+    .Attr("relu: bool = false")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle x, w, vector;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &x));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &w));
+      DimensionHandle inputs, width;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(x, 1), c->Dim(w, 0), &inputs));
+      width = c->Dim(w, 1);
+      for (int i = 2; i < 5; ++i) {  // b, scale, offset
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &vector));
+        TF_RETURN_IF_ERROR(c->Merge(width, c->Dim(vector, 0), &width));
+      }
+      const DimensionHandle rows = c->Dim(x, 0);
+      c->set_output(0, c->Matrix(rows, width));
+      c->set_output(1, c->Vector(rows));
+      c->set_output(2, c->Vector(rows));
+      bool relu;
+      TF_RETURN_IF_ERROR(c->GetAttr("relu", &relu));
+      const DimensionHandle bytes = !relu                  ? c->MakeDim(0)
+                                    : c->ValueKnown(width) ? c->MakeDim(MaskBytes(c->Value(width)))
+                                                           : c->UnknownDim();
+      c->set_output(3, c->Matrix(rows, bytes));
+      return Status();
+    });
+
+class LinearNormOp : public OpKernel {
+ public:
+  explicit LinearNormOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("epsilon", &epsilon_));
+    OP_REQUIRES_OK(context, context->GetAttr("relu", &relu_));
+    std::string isa;
+    OP_REQUIRES_OK(context, ChooseIsa(&isa));
+    tile_ = ProductTileFor<false>(isa);
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& x = context->input(0);
+    const Tensor& w = context->input(1);
+    const Tensor& b = context->input(2);
+    const Tensor& scale = context->input(3);
+    const Tensor& offset = context->input(4);
+    OP_REQUIRES(context, x.dims() == 2 && w.dims() == 2 && w.dim_size(0) == x.dim_size(1),
+                ::tensorflow::errors::InvalidArgument(
+                    "HvdtrackLinearNorm: x and w must be [rows, K] and [K, width], got ",
+                    x.shape().DebugString(), " and ", w.shape().DebugString()));
+    const int64 rows = x.dim_size(0), k = x.dim_size(1), width = w.dim_size(1);
+    OP_REQUIRES(context,
+                b.dims() == 1 && b.dim_size(0) == width && scale.shape() == b.shape() &&
+                    offset.shape() == b.shape(),
+                ::tensorflow::errors::InvalidArgument(
+                    "HvdtrackLinearNorm: b, scale and offset must be [width] = [", width,
+                    "], got ", b.shape().DebugString(), ", ", scale.shape().DebugString(),
+                    " and ", offset.shape().DebugString()));
+    const int64 mask_bytes = relu_ ? MaskBytes(width) : 0;
+    Tensor *y, *mean, *rstd, *mask;
+    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({rows, width}), &y));
+    OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({rows}), &mean));
+    OP_REQUIRES_OK(context, context->allocate_output(2, TensorShape({rows}), &rstd));
+    OP_REQUIRES_OK(context,
+                   context->allocate_output(3, TensorShape({rows, mask_bytes}), &mask));
+    if (rows == 0) return;
+    const float* xp = x.flat<float>().data();
+    const float* wp = w.flat<float>().data();
+    const float* bp = b.flat<float>().data();
+    const float* sp = scale.flat<float>().data();
+    const float* op = offset.flat<float>().data();
+    float* yp = y->flat<float>().data();
+    float* mp = mean->flat<float>().data();
+    float* rp = rstd->flat<float>().data();
+    uint8_t* bits = mask->flat<uint8_t>().data();
+    const float eps = epsilon_;
+    const float inv_width = 1.0f / static_cast<float>(width);
+    const bool relu = relu_;
+    const ProductTileFn tile = tile_;
+    const int64 stride = TileStride(width);
+    ForEachBlock(context, rows, k + width, [&](int64, int64 first, int64 end) {
+      std::vector<float> z(kTileRows * std::max<int64>(stride, 1));
+      for (int64 r0 = first; r0 < end; r0 += kTileRows) {
+        const int64 n = std::min(kTileRows, end - r0);
+        tile(xp + r0 * k, k, wp, bp, width, n, z.data(), stride, nullptr, 0);
+        for (int64 ii = 0; ii < n; ++ii) {
+          const int64 r = r0 + ii;
+          const float* row = z.data() + ii * stride;
+          if (relu) {
+            MaskRow(row, width, bits + r * mask_bytes);
+            NormRow<true>(row, sp, op, width, inv_width, eps, yp + r * width, mp + r, rp + r);
+          } else {
+            NormRow<false>(row, sp, op, width, inv_width, eps, yp + r * width, mp + r, rp + r);
+          }
+        }
+      }
+    });
+  }
+
+ private:
+  static constexpr int64 kTileRows = 4;  // the product tile's rows
+  float epsilon_;
+  bool relu_;
+  ProductTileFn tile_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("HvdtrackLinearNorm").Device(::tensorflow::DEVICE_CPU),
+                        LinearNormOp);
 
 // The ReLU masks of other layers, packed as the layer norm's (one bit per element):
 //   HvdtrackReluMask(x) -> bits uint8 [rows, ceil(width / 8)], bit c of a row set where x > 0

@@ -3,7 +3,8 @@ the bias added by ``tf.nn.bias_add``, so that grappler fuses matmul, bias and Re
 kernel, and a final ReLU before a layer norm taken into the layer norm (``norm.LayerNorm``).
 
 Public symbols: ``ACTIVATIONS``, ``make_mlp``, ``FusedLinear``, ``FusedMLP``, ``LinearStack``,
-``linear_freeing_input``, ``linear_norm``, ``kept_for``, ``weight_gradient``, ``dense``.
+``linear_freeing_input``, ``linear_norm``, ``in_one_kernel``, ``kept_for``, ``weight_gradient``,
+``dense``.
 """
 
 from __future__ import annotations
@@ -207,7 +208,10 @@ def linear_norm(x, w, b, norm: LayerNorm, kept: bool | NormOutput = False):
     """``norm(x @ w + b)`` with ``linear_freeing_input``'s order of gradients, in one backward
     pass where the layer norm's kernels run (``kept_for(x, norm)``): their gradient kernel
     also sums the product's gradient per column, which is b's, so no ``BiasAddGrad`` reads
-    [rows, width] again.
+    [rows, width] again. With vector code for this CPU (``in_one_kernel``) the forward pass is
+    one kernel, ``HvdtrackLinearNorm`` (``LayerNorm.linear_output``): x @ w + b is never
+    written; the backward pass reads the normalised product back from y, or computes the
+    product again where y cannot give it back (``LayerNorm.backward_from``).
 
     ``kept`` (where the kernels run): True, the forward pass alone, returning the
     ``NormOutput`` (no gradient); a ``NormOutput`` kept from such a pass on the same rows and
@@ -215,16 +219,24 @@ def linear_norm(x, w, b, norm: LayerNorm, kept: bool | NormOutput = False):
     norm again (a recomputed step's backward pass, ``recompute``)."""
     if not kept_for(x, norm):
         return norm(linear_freeing_input(x, w, b))
+    one_kernel = in_one_kernel(x, norm)
+
+    def forward(x, w, b, scale, offset) -> NormOutput:
+        if one_kernel:
+            return norm.linear_output(x, w, b, scale, offset)
+        return norm.kernel_output(tf.nn.bias_add(x @ w, b), scale, offset)
+
     if kept is True:
-        return norm.kernel_output(tf.nn.bias_add(x @ w, b), *norm.parameters(w.shape[-1]))
+        return forward(x, w, b, *norm.parameters(w.shape[-1]))
 
     @tf.custom_gradient
     def layer(x, w, b, scale, offset):
-        if kept is False:
+        if kept is False and not one_kernel:
             y, backward = norm.kernel_pass(tf.nn.bias_add(x @ w, b), scale, offset)
         else:
-            y = tf.identity(kept.y)
-            backward = norm.backward_from(kept, scale, offset, lambda: tf.nn.bias_add(x @ w, b))
+            out = forward(x, w, b, scale, offset) if kept is False else kept
+            y = out.y if kept is False else tf.identity(kept.y)
+            backward = norm.backward_from(out, scale, offset, lambda: tf.nn.bias_add(x @ w, b))
 
         def grad(d_y):
             d_z, d_scale, d_offset, d_b = backward(d_y)
@@ -233,6 +245,13 @@ def linear_norm(x, w, b, norm: LayerNorm, kept: bool | NormOutput = False):
         return y, grad
 
     return layer(x, w, b, *norm.parameters(w.shape[-1]))
+
+
+def in_one_kernel(x: tf.Tensor, norm: LayerNorm) -> bool:
+    """Whether ``linear_norm`` on x takes its forward pass in one ``HvdtrackLinearNorm``: its
+    kernels run (``kept_for``) and the library has vector code for this CPU (its scalar code
+    would be slower than TensorFlow's product)."""
+    return kept_for(x, norm) and vector_code()
 
 
 def kept_for(x: tf.Tensor, norm: LayerNorm) -> bool:

@@ -82,6 +82,16 @@ class LayerNorm(snt.Module):
         )
         return NormOutput(y, mean, rstd, mask)
 
+    def linear_output(self, x, w, b, scale, offset) -> NormOutput:
+        """``kernel_output`` of x @ w + b in one kernel (``HvdtrackLinearNorm``, float32 x
+        [rows, K], w [K, width], b [width]; the library with vector code for this CPU): the
+        product's rows go into the norm from cache and are never written. ``backward_from``
+        reads it as it reads ``kernel_output``'s."""
+        y, mean, rstd, mask = fused_kernels().hvdtrack_linear_norm(
+            x, w, b, scale, offset, epsilon=self.eps, relu=self.relu
+        )
+        return NormOutput(y, mean, rstd, mask)
+
     def backward_from(
         self, kept: NormOutput, scale, offset, x_again: Callable[[], tf.Tensor]
     ) -> Callable:

@@ -149,9 +149,10 @@ Status ChooseTile(Tiling* tiling) {
   return Status();
 }
 
-// HvdtrackKernelIsa() -> string: the vector code HvdtrackWeightGradient and HvdtrackHead run
-// here ("avx512", "avx2"), or "none" (then mlp.weight_gradient takes TensorFlow's threaded
-// product instead, and head.lean_head TensorFlow's ops).
+// HvdtrackKernelIsa() -> string: the vector code HvdtrackWeightGradient, HvdtrackHead and
+// HvdtrackLinearNorm run here ("avx512", "avx2"), or "none" (then mlp.weight_gradient takes
+// TensorFlow's threaded product instead, head.lean_head TensorFlow's ops and mlp.linear_norm
+// TensorFlow's product before HvdtrackLayerNorm).
 REGISTER_OP("HvdtrackKernelIsa").Output("isa: string").SetShapeFn([](InferenceContext* c) {
   c->set_output(0, c->Scalar());
   return Status();

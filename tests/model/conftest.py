@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from graph_nets import utils_tf
@@ -52,3 +56,36 @@ def kernels():
     library = fused_kernels()
     assert library is not None
     return library
+
+
+def cpu_supports(flag: str) -> bool:
+    """Whether /proc/cpuinfo lists ``flag`` (``avx512f``, ``avx2``, ``fma``); False without it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return flag in f.read().split()
+    except OSError:
+        return False
+
+
+def widest_isa() -> str:
+    """The vector code the kernel library picks here when nothing caps it (``ChooseIsa``)."""
+    avx2 = cpu_supports("avx2") and cpu_supports("fma")
+    return "avx512" if avx2 and cpu_supports("avx512f") else "avx2" if avx2 else "none"
+
+
+def digests_on_every_isa(program: str) -> list[tuple[str, str]]:
+    """``program`` (given the intra-op thread count as argv[1], printing its ISA and a digest
+    last) run in subprocesses: the widest vector code here on one thread, AVX2's and the scalar
+    code on two. Asserts each ran the ISA asked for; returns the (isa, digest) pairs."""
+    runs = []
+    for isa, threads in ((None, 1), ("avx2", 2), ("none", 2)):
+        env = {k: v for k, v in os.environ.items() if k != "HVDTRACK_KERNEL_ISA"}
+        env.update({"HVDTRACK_KERNEL_ISA": isa} if isa else {})
+        done = subprocess.run(
+            [sys.executable, "-c", program, str(threads)],
+            capture_output=True, text=True, env=env, timeout=300, check=True,
+        )  # fmt: skip
+        runs.append(tuple(done.stdout.split()[-2:]))
+    avx2 = "avx2" if widest_isa() != "none" else "none"
+    assert [isa for isa, _ in runs] == [widest_isa(), avx2, "none"], runs
+    return runs

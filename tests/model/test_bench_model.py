@@ -85,6 +85,7 @@ def test_time_calls_counts_the_pages_a_call_faults_in():
         ("segment_classifier/node_update/mlp/linear_0/MatMul:_FusedMatMul", "matmul"),
         ("segment_classifier/edge_update/HvdtrackWeightGradient:HvdtrackWeightGradient", "matmul"),
         ("segment_classifier/HvdtrackHead_3:HvdtrackHead", "matmul"),
+        ("segment_classifier/edge_update/HvdtrackLinearNorm:HvdtrackLinearNorm", "matmul"),
         ("segment_classifier/edge_update/GatherV2_1:GatherV2", "gather"),
         ("segment_classifier/node_update/UnsortedSegmentSum:UnsortedSegmentSum", "segment sum"),
         ("segment_classifier/edge_update/layer_norm/moments/mean:Mean", "layer norm"),

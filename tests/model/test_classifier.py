@@ -10,8 +10,9 @@ import tensorflow as tf
 
 from hvdtrack import configtools
 from hvdtrack.errors import ConfigError
-from hvdtrack.model.classifier import MODULE_NAMES, SegmentClassifier
+from hvdtrack.model.classifier import MODULE_NAMES, SegmentClassifier, edge_norm_in_one_kernel
 from hvdtrack.model.config import ModelConfig
+from hvdtrack.model.kernels import vector_code
 from hvdtrack.model.segments import segment_sum
 from tests.model.conftest import TINY
 
@@ -86,7 +87,8 @@ def test_default_config_variable_shapes(graphs):
 def test_factorized_edge_update_is_the_same_function_with_the_same_variables(graphs, layer_norm):
     plain_config = dataclasses.replace(TINY, layer_norm=layer_norm, edge_update=(5, 3))
     plain = SegmentClassifier(plain_config)
-    factorized = SegmentClassifier(dataclasses.replace(plain_config, factorized_edge_update=True))
+    factorized_config = dataclasses.replace(plain_config, factorized_edge_update=True)
+    factorized = SegmentClassifier(factorized_config)
     plain(graphs)
     factorized(graphs)
     assert [(v.name, v.shape) for v in plain.trainable_variables] == [
@@ -95,6 +97,12 @@ def test_factorized_edge_update_is_the_same_function_with_the_same_variables(gra
     copy_weights(plain, factorized)
     for a, b in zip(plain(graphs), factorized(graphs)):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
+    # the last layer and its norm in one kernel where the library has vector code
+    one_kernel = edge_norm_in_one_kernel(factorized_config, tf.float32)
+    assert one_kernel == (layer_norm and vector_code())
+    traced = tf.function(lambda: factorized(graphs)).get_concrete_function()
+    types = {op.type for op in traced.graph.get_operations()}
+    assert ("HvdtrackLinearNorm" in types) == one_kernel, types
 
 
 def test_messages_reach_both_endpoints(graphs):

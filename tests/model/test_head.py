@@ -3,10 +3,6 @@ gives TensorFlow's own gradients, with the kernel library and with TensorFlow op
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -14,6 +10,7 @@ import tensorflow as tf
 from hvdtrack.model import head as head_module
 from hvdtrack.model.head import lean_head, pack_bits, unpack_bits
 from hvdtrack.model.kernels import fused_kernels, vector_code
+from tests.model.conftest import digests_on_every_isa
 
 needs_kernels = pytest.mark.skipif(fused_kernels() is None, reason="no kernel library here")
 
@@ -199,28 +196,8 @@ print(kernels.hvdtrack_kernel_isa().numpy().decode(), digest.hexdigest())
 
 @needs_kernels
 def test_the_head_kernel_gives_the_same_bits_on_every_isa_and_thread_count():
-    # the widest vector code here on one thread, AVX2 and the scalar code on two: one digest
-    avx2 = _supports("avx2") and _supports("fma")
-    widest = "avx512" if avx2 and _supports("avx512f") else "avx2" if avx2 else "none"
-    runs = []
-    for isa, threads in ((None, 1), ("avx2", 2), ("none", 2)):
-        env = {k: v for k, v in os.environ.items() if k != "HVDTRACK_KERNEL_ISA"}
-        env.update({"HVDTRACK_KERNEL_ISA": isa} if isa else {})
-        done = subprocess.run(
-            [sys.executable, "-c", HEAD_PROGRAM, str(threads)],
-            capture_output=True, text=True, env=env, timeout=300, check=True,
-        )  # fmt: skip
-        runs.append(tuple(done.stdout.split()[-2:]))
-    assert [isa for isa, _ in runs] == [widest, "avx2" if avx2 else "none", "none"], runs
+    runs = digests_on_every_isa(HEAD_PROGRAM)
     assert len({digest for _, digest in runs}) == 1, runs
-
-
-def _supports(flag: str) -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return flag in f.read().split()
-    except OSError:
-        return False
 
 
 @pytest.mark.skipif(not vector_code(), reason="lean_head takes TensorFlow's ops here")

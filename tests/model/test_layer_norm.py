@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from hvdtrack.model import norm as norm_module
 from hvdtrack.model.norm import LayerNorm
+from tests.model.conftest import digests_on_every_isa
 
 
 @pytest.fixture(params=["fused", "ops"])
@@ -251,3 +252,77 @@ def test_fused_results_do_not_depend_on_the_number_of_threads():
         for threads in (1, 2)
     }
     assert len(digests) == 1
+
+
+def test_the_linear_norm_kernel_by_hand():
+    kernels = norm_module.fused_kernels()
+    x, w = tf.constant([[1.0, 2.0], [0.0, -1.0]]), tf.constant([[1.0, 0.0, 2.0], [1.0, 1.0, -1.0]])
+    b, ones, zeros = tf.constant([0.0, 0.0, 1.0]), tf.ones([3]), tf.zeros([3])
+    # x @ w + b = [3, 2, 1] and [-1, -1, 2]; with the ReLU the second row is [0, 0, 2]
+    y, mean, rstd, mask = kernels.hvdtrack_linear_norm(x, w, b, ones, zeros, epsilon=0.0)
+    np.testing.assert_allclose(mean.numpy(), [2.0, 0.0])
+    np.testing.assert_allclose(rstd.numpy(), [1.5**0.5, 0.5**0.5], rtol=1e-6)
+    expected = [[1.5**0.5, 0.0, -(1.5**0.5)], [-(0.5**0.5), -(0.5**0.5), 2 * 0.5**0.5]]
+    np.testing.assert_allclose(y.numpy(), expected, rtol=1e-6, atol=1e-7)
+    assert mask.shape == (2, 0)
+    y, mean, _, mask = kernels.hvdtrack_linear_norm(x, w, b, ones, zeros, epsilon=0.0, relu=True)
+    np.testing.assert_allclose(mean.numpy(), [2.0, 2.0 / 3.0], rtol=1e-6)
+    np.testing.assert_array_equal(mask.numpy(), [[0b111], [0b100]])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"b, scale and offset must be \[wi"):
+        kernels.hvdtrack_linear_norm(x, w, b, tf.ones([2]), zeros, epsilon=0.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="x and w must be"):
+        kernels.hvdtrack_linear_norm(x, tf.transpose(w), b, ones, zeros, epsilon=0.0)
+
+
+# the model's edge layer (128 -> 64), whole and partial vectors and tiles, a partial byte, one
+# column, no rows
+@pytest.mark.parametrize("rows, inputs, width", [(1003, 128, 64), (37, 7, 70), (9, 16, 5),
+                                                 (6, 3, 1), (0, 4, 8)])  # fmt: skip
+@pytest.mark.parametrize("relu", [False, True])
+def test_the_linear_norm_kernel_is_the_layer_norm_of_the_product(rows, inputs, width, relu):
+    # small integers: x @ w + b is exact in any order of addition, so the norm's bits must be
+    # the layer norm kernel's on TensorFlow's product
+    rng = np.random.default_rng(9)
+    x, w, b = (
+        tf.constant(rng.integers(-4, 5, shape), tf.float32)
+        for shape in ((rows, inputs), (inputs, width), (width,))
+    )
+    scale, offset = (tf.constant(rng.standard_normal(width), tf.float32) for _ in range(2))
+    kernels = norm_module.fused_kernels()
+    ours = kernels.hvdtrack_linear_norm(x, w, b, scale, offset, epsilon=1e-5, relu=relu)
+    y, mean, rstd, _, mask = kernels.hvdtrack_layer_norm(
+        x @ w + b, scale, offset, epsilon=1e-5, relu=relu
+    )
+    for a, c in zip(ours, (y, mean, rstd, mask)):
+        np.testing.assert_array_equal(a.numpy(), c.numpy())
+
+
+LINEAR_NORM_PROGRAM = """
+import hashlib, sys
+import numpy as np, tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+from hvdtrack.model.kernels import fused_kernels
+kernels, digest = fused_kernels(), hashlib.sha256()
+rng = np.random.default_rng(10)
+# every tile and tail (4, 3, 2 and 1 rows; whole and partial vectors and tiles) over more than
+# one block of rows; values over 6 orders of magnitude; an inf and a NaN
+for rows, k, width in ((2050, 128, 64), (37, 7, 70), (101, 64, 100), (7, 16, 5), (5, 0, 8)):
+    shapes = ((rows, k), (k, width), (width,), (width,), (width,))
+    parts = [rng.standard_normal(s) * np.exp(rng.uniform(-7, 7, s)) for s in shapes]
+    if rows == 2050:
+        parts[0][0, 0], parts[0][1, 1] = np.inf, np.nan
+    for relu in (False, True):
+        outs = kernels.hvdtrack_linear_norm(
+            *[tf.constant(p, tf.float32) for p in parts], epsilon=1e-5, relu=relu)
+        for out in outs:
+            out = out.numpy()
+            if out.dtype == np.float32:
+                out[np.isnan(out)] = np.nan  # one NaN: which NaN's payload survives is no result
+            digest.update(out.tobytes())
+print(kernels.hvdtrack_kernel_isa().numpy().decode(), digest.hexdigest())
+"""
+
+
+def test_the_linear_norm_kernel_gives_the_same_bits_on_every_isa_and_thread_count():
+    runs = digests_on_every_isa(LINEAR_NORM_PROGRAM)
+    assert len({digest for _, digest in runs}) == 1, runs

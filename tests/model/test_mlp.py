@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrack.model.kernels import plain_ops
+from hvdtrack.model.kernels import plain_ops, vector_code
 from hvdtrack.model.mlp import NARROW_INPUT, FusedMLP, linear_freeing_input, linear_norm
 from hvdtrack.model.norm import LayerNorm
 
@@ -134,7 +134,8 @@ def test_linear_freeing_input_gives_tensorflows_gradients_weight_gradient_first(
 
 
 @pytest.mark.parametrize("relu", [True, False])
-def test_linear_norm_gives_tensorflows_gradients_with_the_bias_from_the_norm(relu):
+@pytest.mark.parametrize("given_back", [True, False])  # by y; else x @ w + b computed again
+def test_linear_norm_gives_tensorflows_gradients_with_the_bias_from_the_norm(relu, given_back):
     rng = np.random.default_rng(8)
     x, w, b = (
         tf.constant(rng.standard_normal(shape), tf.float32)
@@ -143,7 +144,9 @@ def test_linear_norm_gives_tensorflows_gradients_with_the_bias_from_the_norm(rel
     upstream = tf.constant(rng.standard_normal((2500, 16)), tf.float32)
     norm = LayerNorm(relu=relu)
     norm.parameters(16)
-    norm.scale.assign(1 + 0.3 * rng.standard_normal(16)), norm.offset.assign(rng.random(16))
+    scale = 1 + 0.3 * rng.standard_normal(16)
+    scale[3] = scale[3] if given_back else 0.0  # a column y cannot give back (norm._invertible)
+    norm.scale.assign(scale), norm.offset.assign(rng.random(16))
     variables = [norm.scale, norm.offset]
     ours = _values_and_gradients(lambda p: linear_norm(*p, norm), [x, w, b], variables, upstream)
     with plain_ops():  # TensorFlow's ops and autodiff: the bias's gradient a BiasAddGrad
@@ -164,8 +167,13 @@ def test_linear_norm_gives_tensorflows_gradients_with_the_bias_from_the_norm(rel
 
     graph = step.get_concrete_function().graph
     types = [op.type for op in graph.get_operations()]
-    # one kernel each way, the bias's gradient among the backward kernel's outputs
+    # one kernel each way, the bias's gradient among the backward kernel's outputs; with
+    # vector code the forward product in the norm's kernel
     assert "BiasAddGrad" not in types, types
     assert types.count("HvdtrackLayerNormGrad") == 1
+    if vector_code():
+        assert types.count("HvdtrackLinearNorm") == 1 and "HvdtrackLayerNorm" not in types
+    else:
+        assert types.count("HvdtrackLayerNorm") == 1, types
     waiting = [op for op in graph.get_operations() if op.type == "MatMul" and op.control_inputs]
     assert waiting, "x's gradient does not wait for the weight gradient"

@@ -98,7 +98,8 @@ def test_the_kept_norm_outputs_give_the_plain_gradients(
 
 def test_the_kept_norm_outputs_are_not_computed_again(graphs):
     # Two layer norm kernels less in the backward pass per step but the last (3 steps: 4):
-    # the chunk loop's, and the one that finds the variables its rows read (on no rows).
+    # the chunk loop's, and the one that finds the variables its rows read (on no rows). The
+    # edge update's norm is the layer norm kernel's, or with its product in HvdtrackLinearNorm.
     def layer_norms(keep: bool) -> int:
         config = dataclasses.replace(TWO_LAYERS, recompute=True, keep_edge_term=keep)
         model = SegmentClassifier(config)
@@ -106,7 +107,7 @@ def test_the_kept_norm_outputs_are_not_computed_again(graphs):
         run = tf.function(lambda: loss_and_gradients(model, graphs, labels, compiled=False))
         graph = run.get_concrete_function().graph.as_graph_def()
         nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
-        return sum(n.op == "HvdtrackLayerNorm" for n in nodes)
+        return sum(n.op in ("HvdtrackLayerNorm", "HvdtrackLinearNorm") for n in nodes)
 
     assert layer_norms(keep=False) - layer_norms(keep=True) == 4
 

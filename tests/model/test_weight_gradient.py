@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from hvdtrack.model.kernels import fused_kernels, plain_ops, vector_code
 from hvdtrack.model.mlp import dense, weight_gradient
+from tests.model.conftest import widest_isa
 
 pytestmark = pytest.mark.skipif(fused_kernels() is None, reason="no kernel library here")
 HANG_S = 300
@@ -99,20 +100,12 @@ def _digest(threads: int, isa: str | None = None) -> str:
     return done.stdout.split()[-1]
 
 
-def _supports(flag: str) -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return flag in f.read().split()
-    except OSError:
-        return False
-
-
 def test_the_same_bits_at_one_and_two_threads():
     assert _digest(1) == _digest(2)
 
 
 @pytest.mark.skipif(
-    not (_supports("avx512f") and _supports("avx2") and _supports("fma")),
+    widest_isa() != "avx512",
     reason="needs a CPU with AVX-512 and AVX2 to run both paths",
 )
 def test_the_same_bits_on_avx512_and_avx2():
@@ -195,15 +188,8 @@ print(fused_kernels().hvdtrack_kernel_isa().numpy().decode(), "HvdtrackWeightGra
 @pytest.mark.parametrize(
     "cap, want",
     [
-        (
-            None,
-            "avx512"
-            if _supports("avx512f") and _supports("avx2") and _supports("fma")
-            else "avx2"
-            if _supports("avx2") and _supports("fma")
-            else "none",
-        ),
-        ("avx2", "avx2" if _supports("avx2") and _supports("fma") else "none"),
+        (None, widest_isa()),
+        ("avx2", "avx2" if widest_isa() != "none" else "none"),
         ("none", "none"),
     ],
 )
