@@ -281,11 +281,14 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0, bloc
     shapes and compute dtype, each product as the plain step takes it (dw by
     ``mlp.weight_gradient``: the kernel library's where it runs, faster here than TensorFlow's
     own product; the output head's two forward products by ``HvdtrackHead``, in one kernel, with
-    its bias, ReLU and bits, where ``head.lean_head`` takes them so; the edge update's last
-    product by ``HvdtrackLinearNorm``, with its bias and layer norm, where ``mlp.linear_norm``
-    takes it so). Its time is the floor that the model's matmul shapes allow here with their
-    operands in memory, as the step's ops find them. One difference stays: ``lean_head`` takes its logit layer's two gradients ([E, H] by
-    [E, 1]) without products, which run here as TensorFlow's (they are counted FLOPs).
+    its bias, ReLU and bits, where ``head.lean_head`` takes them so). Its time is the floor that
+    the model's matmul shapes allow here with their operands in memory, as the step's ops find
+    them. Two differences stay: ``lean_head`` takes its logit layer's two gradients ([E, H] by
+    [E, 1]) without products, which run here as TensorFlow's (they are counted FLOPs); and the
+    edge update's last product runs here as TensorFlow's, where ``mlp.linear_norm`` may take it
+    in one kernel with its layer norm (``HvdtrackLinearNorm``): that kernel's product runs at
+    TensorFlow's rate here, and its norm is no matmul (docs/performance.md, "The edge update's
+    last layer and its norm in one kernel").
 
     ``block`` rows (> 0): each product as ceil(rows / block) products of ``block`` rows (the
     last of the rest) that all read the same operands, which stay in cache: the same FLOPs, at
@@ -294,7 +297,6 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0, bloc
     """
     import tensorflow as tf
 
-    from hvdtrack.model.classifier import edge_norm_in_one_kernel
     from hvdtrack.model.cost import step_matmuls
     from hvdtrack.model.head import in_one_kernel, is_lean
     from hvdtrack.model.kernels import fused_kernels
@@ -310,29 +312,19 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0, bloc
     # The head's hidden layer and logit in one kernel (as head.lean_head takes them): its
     # forward product runs there with the logit's, which then runs no product of its own.
     one_kernel = is_lean(config, dtype) and in_one_kernel(dtype)
-    # The edge update's last product with its layer norm in one kernel, as mlp.linear_norm
-    # takes them there.
-    edge_norm = edge_norm_in_one_kernel(config, dtype)
     operands = []
     for layer in step_matmuls(config, NUM_NODE_FEATURES, NUM_EDGE_FEATURES):
         head = one_kernel and layer.module == "edge_output"
-        last = len(config.edge_update) - 1
-        norm = edge_norm and layer.module == "edge_update" and layer.index == last
         for size, repeats in row_blocks(rows[layer.rows], block):
             x, dy = constant((size, layer.fan_in)), constant((size, layer.fan_out))
             w = constant((layer.fan_in, layer.fan_out))
             forward = "head" if head and layer.index == 0 else "none" if head else "matmul"
-            forward = "norm" if norm else forward
             operands.append((x, w, dy, layer.calls * repeats, layer.input_grad, forward))
 
     def product(x, w, forward):
         if forward == "head":
             w2, b2 = tf.ones([w.shape[1], 1], dtype), tf.zeros([1], dtype)
             return fused_kernels().hvdtrack_head(x, w, w[0], w2, b2)[0][0, 0]
-        if forward == "norm":
-            ones = tf.ones([w.shape[1]], dtype)
-            kernel = fused_kernels().hvdtrack_linear_norm
-            return kernel(x, w, w[0], ones, 0 * ones, epsilon=1e-5, relu=True)[0][0, 0]
         return (x @ w)[0, 0] if forward == "matmul" else tf.constant(0.0, dtype)
 
     @tf.function

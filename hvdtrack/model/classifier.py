@@ -23,8 +23,8 @@ node_update,edge_output}/...``.
 ``SegmentClassifier.encode`` and ``.core_step`` are the forward pass's parts (the
 stages of ``hvdtrack.distributed.stages`` call them).
 
-Public symbols: ``SegmentClassifier``, ``FactorizedEdgeUpdate``, ``edge_norm_in_one_kernel``,
-``segment_sum``, ``MODULE_NAMES``.
+Public symbols: ``SegmentClassifier``, ``FactorizedEdgeUpdate``, ``segment_sum``,
+``MODULE_NAMES``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ from graph_nets.graphs import GraphsTuple
 from hvdtrack.model.chunks import auto_chunk_edges
 from hvdtrack.model.config import ModelConfig
 from hvdtrack.model.head import is_lean, lean_head
-from hvdtrack.model.kernels import vector_code
 from hvdtrack.model.mlp import (
     ACTIVATIONS,
     LinearStack,
@@ -354,7 +353,9 @@ class FactorizedEdgeUpdate(snt.Module):
         self._mlp = LinearStack(config.edge_update, name="mlp")
         # A last ReLU before the LayerNorm is the LayerNorm's own (as in ``make_mlp``); with
         # one layer, the first layer's kernel applies it.
-        self._relu_in_norm = _edge_relu_in_norm(config)
+        self._relu_in_norm = (
+            config.layer_norm and config.activation == "relu" and len(config.edge_update) > 1
+        )
         self._norm = LayerNorm(relu=self._relu_in_norm) if config.layer_norm else None
 
     def _first_layer_blocks(self) -> dict[str, tf.Tensor]:
@@ -448,20 +449,6 @@ class FactorizedEdgeUpdate(snt.Module):
         return self.rows(
             latent.edges, edge_term, receiver, sender, latent.receivers, latent.senders
         )
-
-
-def _edge_relu_in_norm(config: ModelConfig) -> bool:
-    """Whether ``FactorizedEdgeUpdate``'s last ReLU is its layer norm's own (the last layer and
-    the norm then run as ``mlp.linear_norm``)."""
-    return config.layer_norm and config.activation == "relu" and len(config.edge_update) > 1
-
-
-def edge_norm_in_one_kernel(config: ModelConfig, dtype: tf.DType) -> bool:
-    """Whether the model's edge update takes its last layer and layer norm as one
-    ``HvdtrackLinearNorm`` (``mlp.in_one_kernel``) on latents of ``dtype``: the factorized
-    update with its last ReLU in the norm, float32, the kernel library with vector code."""
-    factorized = config.factorized_edge_update and _edge_relu_in_norm(config)
-    return factorized and dtype == tf.float32 and vector_code()
 
 
 def _check_config(config: object, who: str) -> None:

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from hvdtrack import configtools
 from hvdtrack.errors import ConfigError
-from hvdtrack.model.classifier import MODULE_NAMES, SegmentClassifier, edge_norm_in_one_kernel
+from hvdtrack.model.classifier import MODULE_NAMES, SegmentClassifier
 from hvdtrack.model.config import ModelConfig
 from hvdtrack.model.kernels import vector_code
 from hvdtrack.model.segments import segment_sum
@@ -98,8 +98,7 @@ def test_factorized_edge_update_is_the_same_function_with_the_same_variables(gra
     for a, b in zip(plain(graphs), factorized(graphs)):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
     # the last layer and its norm in one kernel where the library has vector code
-    one_kernel = edge_norm_in_one_kernel(factorized_config, tf.float32)
-    assert one_kernel == (layer_norm and vector_code())
+    one_kernel = layer_norm and vector_code()
     traced = tf.function(lambda: factorized(graphs)).get_concrete_function()
     types = {op.type for op in traced.graph.get_operations()}
     assert ("HvdtrackLinearNorm" in types) == one_kernel, types
