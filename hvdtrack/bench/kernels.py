@@ -1,9 +1,10 @@
-"""The kernel library's fused kernels against what the step ran before them, on the model's shapes.
+"""Four of the kernel library's fused kernels against what the step ran before them.
 
     python -m hvdtrack.bench kernels --rows 40000 --threads 1 --calls 150
 
 Each case is a kernel of ``hvdtrack/model`` and the ops it replaced in the training step, on
-random inputs of the default model's widths (the edges' rows; nodes: rows / 8):
+random inputs of the default model's widths (the edges' rows; nodes: rows / 8). The other
+kernels (the segment sums, the gradients' kernels, the layer norm's own) have no such case.
 
 - ``linear_norm``: ``HvdtrackLinearNorm``, the edge update's last layer [rows, 128] @ [128, 64]
   with its bias and layer norm (with the ReLU), against TensorFlow's product and
@@ -11,16 +12,20 @@ random inputs of the default model's widths (the edges' rows; nodes: rows / 8):
 - ``head``: ``HvdtrackHead``, relu(e @ w1 + b1) @ w2 + b2 with the ReLU's bits ([rows, 64],
   64 hidden units), against a ``_FusedMatMul``, ``HvdtrackReluMask`` and a product;
 - ``weight_gradient``: ``HvdtrackWeightGradient``, x^T @ d ([rows, 128] and [rows, 64]),
-  against TensorFlow's ``matmul(x, d, transpose_a=True)``;
+  against TensorFlow's product as ``mlp.weight_gradient`` takes it without the kernel
+  (``transpose(matmul(d, x, transpose_a=True))``, its faster form for this shape);
 - ``gather_sum``: ``HvdtrackGatherSum``, the edge update's first layer's gathers, sum and ReLU
   ([rows, 128]), against two gathers, an ``AddN`` and a ``Relu``.
 
-The two sides are called in turn, one call each, ``--calls`` times (after a warm-up), so that
-their ratio, taken call pair by call pair, holds while this machine's speed drifts; the
+The two sides are called in turn, one call each, ``--calls`` times (after a warm-up; which
+side goes first alternates), so that their ratio, taken call pair by call pair, holds while
+this machine's speed drifts; the
 figures are the minimum and median of each side's calls and the median of the ratios (with its
 quartiles). A call's time is its compiled function's, its result fetched: what a step pays for
-it, not an op's own time in a profile. The process runs with training's settings (``entry.TRAINING``:
-TensorFlow's oneDNN kernels off unless ``TF_ENABLE_ONEDNN_OPTS`` is set), as the step does.
+it, not an op's own time in a profile. The process runs with training's settings
+(``entry.TRAINING``: TensorFlow's oneDNN kernels off unless ``TF_ENABLE_ONEDNN_OPTS`` is set;
+inter-op threads as a rank's, ``distributed.cores``), as the step does. Only the forward
+passes are timed (and x^T @ d, itself a backward product).
 """
 
 from __future__ import annotations
@@ -54,9 +59,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     threads = args.threads or len(os.sched_getaffinity(0))
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
     except RuntimeError:  # TensorFlow already started in this process: its threads stay
-        threads = tf.config.threading.get_intra_op_parallelism_threads() or threads
+        threads = tf.config.threading.get_intra_op_parallelism_threads() or "TensorFlow's default"
     kernels = fused_kernels()
     if kernels is None:
         print(
@@ -129,7 +134,7 @@ def _case(tf, kernels, name: str, rows: int, rng) -> tuple[Callable, Callable]:
 
         def before():
             hidden = tf.nn.relu(tf.nn.bias_add(e @ w1, b1))
-            return hidden @ w2 + b2, kernels.hvdtrack_relu_mask(hidden)
+            return tf.nn.bias_add(hidden @ w2, b2), kernels.hvdtrack_relu_mask(hidden)
 
     elif name == "weight_gradient":
         x, d = constant(rows, HIDDEN), constant(rows, LATENT)
@@ -137,8 +142,8 @@ def _case(tf, kernels, name: str, rows: int, rng) -> tuple[Callable, Callable]:
         def kernel():
             return (kernels.hvdtrack_weight_gradient(x, d),)
 
-        def before():
-            return (tf.matmul(x, d, transpose_a=True),)
+        def before():  # mlp.weight_gradient's product for [a, b] with a > b, kernel aside
+            return (tf.transpose(tf.matmul(d, x, transpose_a=True)),)
 
     else:  # gather_sum
         nodes = max(1, rows // 8)
@@ -166,8 +171,9 @@ def _in_turn(kernel: Callable, before: Callable, calls: int) -> dict:
     for fn in (kernel, before, kernel, before):
         fn().numpy()
     times = {"kernel": [], "before": []}
-    for _ in range(calls):
-        for side, fn in (("kernel", kernel), ("before", before)):
+    sides = (("kernel", kernel), ("before", before))
+    for call in range(calls):
+        for side, fn in sides if call % 2 == 0 else sides[::-1]:
             start = time.perf_counter()
             fn().numpy()
             times[side].append(1e3 * (time.perf_counter() - start))

@@ -58,8 +58,7 @@ REGISTER_OP("HvdtrackHead")
 
 namespace {
 
-// Rows per tile, and per unit of work a thread takes.
-constexpr int64 kTileRows = 4;
+// Rows per unit of work a thread takes.
 constexpr int64 kShardRows = 256;
 
 // The logit's sum before + b2: x . w over n units in eight partial sums (see the top), the
@@ -140,10 +139,10 @@ class HeadOp : public OpKernel {
     const ProductTileFn tile = tile_;
     const DotFn dot = dot_;
     auto run = [&](int64 begin, int64 end) {  // shards of kShardRows rows
-      std::vector<float> relu(kTileRows * std::max<int64>(stride, 1));
+      std::vector<float> relu(kProductTileRows * std::max<int64>(stride, 1));
       const int64 last = std::min(rows, end * kShardRows);
-      for (int64 r0 = begin * kShardRows; r0 < last; r0 += kTileRows) {
-        const int64 n = std::min(kTileRows, last - r0);
+      for (int64 r0 = begin * kShardRows; r0 < last; r0 += kProductTileRows) {
+        const int64 n = std::min(kProductTileRows, last - r0);
         tile(ep + r0 * l, l, w1p, b1p, h, n, relu.data(), stride, bp + r0 * bytes, bytes);
         for (int64 ii = 0; ii < n; ++ii) {
           lp[r0 + ii] = dot(relu.data() + ii * stride, w2p, h) + bias;

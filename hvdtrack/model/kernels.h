@@ -2,9 +2,8 @@
 // gathered out of memory order, ReLU masks of one bit per element (made from a row, and
 // applied to a row of gradients), the choice of vector code and a product's tile in it.
 // Included by layer_norm.cc, segment_sum.cc, gather_sum.cc, rows.cc, weight_gradient.cc and
-// head.cc;
-// hvdtrack/model/kernels.py builds them into one library (and hashes this file with them into
-// the cached library's name).
+// head.cc; hvdtrack/model/kernels.py builds them into one library (and hashes this file with
+// them into the cached library's name).
 
 #ifndef HVDTRACK_MODEL_KERNELS_H_
 #define HVDTRACK_MODEL_KERNELS_H_
@@ -89,15 +88,19 @@ __attribute__((target("avx2"))) inline __m256 LoadMasked256(const float* p, __m2
 }
 #endif
 
-// A tile of a product on the CPU's vector units (HvdtrackHead's hidden layer, HvdtrackLinearNorm's
-// product): rows (<= 4) rows of x (each of k floats) times w [k, h], plus b [h], into out (rows
-// of stride floats, whole vectors); with kRelu, max(0, z) into out and each element's bit of
-// z > 0 into bits (rows of bytes), else z itself (bits unused). Each element is summed from +0
-// by one fused multiply-add per column of x, in column order, then + b: so the bits are the
-// same at any number of threads (rows are independent) and on AVX-512, AVX2 and this scalar
-// code alike (it is their reference). They are not TensorFlow's product's, which adds in
-// another order. Without AVX2 the scalar code runs (std::fma, a library call in this library's
-// baseline x86-64 build: slow, so the Python side takes TensorFlow's ops there instead).
+// Rows of a product's tile: 4 x 64 outputs in 16 of AVX-512's 32 registers (4 x 24 in AVX2's).
+constexpr int64 kProductTileRows = 4;
+
+// A tile of a product on the CPU's vector units (HvdtrackHead's hidden layer and
+// HvdtrackLinearNorm's product): 1 to kProductTileRows rows of x (each of k floats) times
+// w [k, h], plus b [h], into out (rows of stride floats, whole vectors); with kRelu, max(0, z)
+// into out and each element's bit of z > 0 into bits (rows of bytes), else z itself (bits
+// unused). Each element is summed from +0 by one fused multiply-add per column of x, in column
+// order, then + b: so the bits are the same at any number of threads (rows are independent)
+// and on AVX-512, AVX2 and this scalar code alike (it is their reference). They are not
+// TensorFlow's product's, which adds in another order. Without AVX2 the scalar code runs
+// (std::fma, a library call in this library's baseline x86-64 build: slow, so the Python side
+// takes TensorFlow's ops there instead).
 template <bool kRelu>
 void ProductTileScalar(const float* x, int64 k, const float* w, const float* b, int64 h,
                        int64 rows, float* out, int64 stride, uint8_t* bits, int64 bytes) {
@@ -182,7 +185,8 @@ using ProductTileFn = void (*)(const float* x, int64 k, const float* w, const fl
       case 4: return NAME##Rows<RELU, 4>(x, k, w, b, h, out, stride, bits, bytes);               \
       case 3: return NAME##Rows<RELU, 3>(x, k, w, b, h, out, stride, bits, bytes);               \
       case 2: return NAME##Rows<RELU, 2>(x, k, w, b, h, out, stride, bits, bytes);               \
-      default: return NAME##Rows<RELU, 1>(x, k, w, b, h, out, stride, bits, bytes);              \
+      default: /* 1: callers pass 1 to kProductTileRows (4) rows */                              \
+        return NAME##Rows<RELU, 1>(x, k, w, b, h, out, stride, bits, bytes);                     \
     }                                                                                            \
   }
 

@@ -8,8 +8,8 @@ the first only where ``HvdtrackHead`` does not run), ``segment_sum.cc`` (``Hvdtr
 ``segment_add`` and ``gather_sum``'s gradient), ``gather_sum.cc`` (``HvdtrackGatherSum``, used
 by ``segments.gather_sum``), ``rows.cc`` (``HvdtrackWriteRows``, used by ``chunks.write_rows``),
 ``weight_gradient.cc`` (``HvdtrackWeightGradient``, used by ``mlp.weight_gradient``) and
-``head.cc`` (``HvdtrackHead``, used by ``head.lean_head``); the last two and
-``HvdtrackLinearNorm`` run AVX-512 or AVX2 code chosen at run time, at most
+``head.cc`` (``HvdtrackHead``, used by ``head.lean_head``); the last two, and
+``HvdtrackLinearNorm``'s product, run AVX-512 or AVX2 code chosen at run time, at most
 ``$HVDTRACK_KERNEL_ISA``'s (``vector_code``). Each gives the same result at any number of
 intra-op threads. It is compiled on first use against the installed TensorFlow's headers and
 cached (``run_scripts/install.sh`` builds it ahead with ``build_kernel()``).

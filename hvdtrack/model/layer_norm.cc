@@ -3,8 +3,8 @@
 //
 // TensorFlow's own ops take about ten passes over [rows, width] for the forward and backward
 // of a layer norm (mean, centre, square, mean, scale, ...; each a separate kernel with its own
-// output). These two kernels take one pass each way: a row (64 floats for the model's latents)
-// is read once into cache, its statistics computed there, its output written once.
+// output). The two layer norm kernels take one pass each way: a row (64 floats for the model's
+// latents) is read once into cache, its statistics computed there, its output written once.
 //
 //   HvdtrackLayerNorm(x, scale, offset; relu) -> y, mean, rstd, kept, mask
 //       a = max(x, 0) with relu, else x
@@ -352,7 +352,8 @@ REGISTER_KERNEL_BUILDER(Name("HvdtrackLayerNormGrad").Device(::tensorflow::DEVIC
 // units (mlp.linear_norm: the edge update's last layer):
 //
 //   HvdtrackLinearNorm(x [rows, K], w [K, width], b [width], scale, offset; epsilon, relu)
-//       -> y, mean, rstd, mask: HvdtrackLayerNorm's outputs (but kept) on z = x @ w + b
+//       -> y, mean, rstd, kept, mask: HvdtrackLayerNorm's outputs on z = x @ w + b (kept: z
+//       where y cannot give the normalised z back, InvertibleFromOutput, else [0, width])
 //
 // TensorFlow's product writes z [rows, width] and HvdtrackLayerNorm reads it back. Here a tile
 // of 4 rows of z (kernels.h's product tile: 4 x 64 in 16 zmm registers) goes into a buffer in
@@ -360,10 +361,10 @@ REGISTER_KERNEL_BUILDER(Name("HvdtrackLayerNormGrad").Device(::tensorflow::DEVIC
 // mean, rstd and mask are bit for bit HvdtrackLayerNorm's on those z. z itself is the product
 // tile's (summed in column order by fused multiply-adds: the same bits at any thread count and
 // on AVX-512, AVX2 and the scalar code), not TensorFlow's product's: the two agree to float
-// rounding. The backward pass is HvdtrackLayerNormGrad's, which reads the normalised z back
-// from y; where the scale and offset cannot give it back (InvertibleFromOutput), the caller
-// computes z again (norm.LayerNorm.backward_from). Without vector code the scalar code runs
-// (slow; mlp.linear_norm takes TensorFlow's product and HvdtrackLayerNorm there instead).
+// rounding. z is written only as kept, for HvdtrackLayerNormGrad (norm.LayerNorm.linear_pass;
+// a kept output's backward pass runs the kernel again for it, linear_product). Without vector
+// code the scalar code runs (slow; mlp.linear_norm takes TensorFlow's product and
+// HvdtrackLayerNorm there instead).
 REGISTER_OP("HvdtrackLinearNorm")
     .Input("x: float")
     .Input("w: float")
@@ -373,6 +374,7 @@ REGISTER_OP("HvdtrackLinearNorm")
     .Output("y: float")
     .Output("mean: float")
     .Output("rstd: float")
+    .Output("kept: float")
     .Output("mask: uint8")
     .Attr("epsilon: float")
     .Attr("relu: bool = false")
@@ -396,7 +398,8 @@ REGISTER_OP("HvdtrackLinearNorm")
       const DimensionHandle bytes = !relu                  ? c->MakeDim(0)
                                     : c->ValueKnown(width) ? c->MakeDim(MaskBytes(c->Value(width)))
                                                            : c->UnknownDim();
-      c->set_output(3, c->Matrix(rows, bytes));
+      c->set_output(3, c->Matrix(c->UnknownDim(), width));
+      c->set_output(4, c->Matrix(rows, bytes));
       return Status();
     });
 
@@ -429,18 +432,22 @@ class LinearNormOp : public OpKernel {
                     "], got ", b.shape().DebugString(), ", ", scale.shape().DebugString(),
                     " and ", offset.shape().DebugString()));
     const int64 mask_bytes = relu_ ? MaskBytes(width) : 0;
-    Tensor *y, *mean, *rstd, *mask;
+    const float* sp = scale.flat<float>().data();
+    const float* op = offset.flat<float>().data();
+    const bool keep = !InvertibleFromOutput(sp, op, width);  // z for the backward pass
+    Tensor *y, *mean, *rstd, *kept, *mask;
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({rows, width}), &y));
     OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({rows}), &mean));
     OP_REQUIRES_OK(context, context->allocate_output(2, TensorShape({rows}), &rstd));
     OP_REQUIRES_OK(context,
-                   context->allocate_output(3, TensorShape({rows, mask_bytes}), &mask));
+                   context->allocate_output(3, TensorShape({keep ? rows : 0, width}), &kept));
+    OP_REQUIRES_OK(context,
+                   context->allocate_output(4, TensorShape({rows, mask_bytes}), &mask));
     if (rows == 0) return;
     const float* xp = x.flat<float>().data();
     const float* wp = w.flat<float>().data();
     const float* bp = b.flat<float>().data();
-    const float* sp = scale.flat<float>().data();
-    const float* op = offset.flat<float>().data();
+    float* zp = keep ? kept->flat<float>().data() : nullptr;
     float* yp = y->flat<float>().data();
     float* mp = mean->flat<float>().data();
     float* rp = rstd->flat<float>().data();
@@ -451,13 +458,14 @@ class LinearNormOp : public OpKernel {
     const ProductTileFn tile = tile_;
     const int64 stride = TileStride(width);
     ForEachBlock(context, rows, k + width, [&](int64, int64 first, int64 end) {
-      std::vector<float> z(kTileRows * std::max<int64>(stride, 1));
-      for (int64 r0 = first; r0 < end; r0 += kTileRows) {
-        const int64 n = std::min(kTileRows, end - r0);
+      std::vector<float> z(kProductTileRows * std::max<int64>(stride, 1));
+      for (int64 r0 = first; r0 < end; r0 += kProductTileRows) {
+        const int64 n = std::min(kProductTileRows, end - r0);
         tile(xp + r0 * k, k, wp, bp, width, n, z.data(), stride, nullptr, 0);
         for (int64 ii = 0; ii < n; ++ii) {
           const int64 r = r0 + ii;
           const float* row = z.data() + ii * stride;
+          if (zp != nullptr) std::memcpy(zp + r * width, row, width * sizeof(float));
           if (relu) {
             MaskRow(row, width, bits + r * mask_bytes);
             NormRow<true>(row, sp, op, width, inv_width, eps, yp + r * width, mp + r, rp + r);
@@ -470,7 +478,6 @@ class LinearNormOp : public OpKernel {
   }
 
  private:
-  static constexpr int64 kTileRows = 4;  // the product tile's rows
   float epsilon_;
   bool relu_;
   ProductTileFn tile_;

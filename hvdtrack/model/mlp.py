@@ -3,8 +3,7 @@ the bias added by ``tf.nn.bias_add``, so that grappler fuses matmul, bias and Re
 kernel, and a final ReLU before a layer norm taken into the layer norm (``norm.LayerNorm``).
 
 Public symbols: ``ACTIVATIONS``, ``make_mlp``, ``FusedLinear``, ``FusedMLP``, ``LinearStack``,
-``linear_freeing_input``, ``linear_norm``, ``in_one_kernel``, ``kept_for``, ``weight_gradient``,
-``dense``.
+``linear_freeing_input``, ``linear_norm``, ``kept_for``, ``weight_gradient``, ``dense``.
 """
 
 from __future__ import annotations
@@ -208,10 +207,10 @@ def linear_norm(x, w, b, norm: LayerNorm, kept: bool | NormOutput = False):
     """``norm(x @ w + b)`` with ``linear_freeing_input``'s order of gradients, in one backward
     pass where the layer norm's kernels run (``kept_for(x, norm)``): their gradient kernel
     also sums the product's gradient per column, which is b's, so no ``BiasAddGrad`` reads
-    [rows, width] again. With vector code for this CPU (``in_one_kernel``) the forward pass is
-    one kernel, ``HvdtrackLinearNorm`` (``LayerNorm.linear_output``): x @ w + b is never
-    written; the backward pass reads the normalised product back from y, or computes the
-    product again where y cannot give it back (``LayerNorm.backward_from``).
+    [rows, width] again. With vector code for this CPU (``_in_one_kernel``) the forward pass
+    is one kernel, ``HvdtrackLinearNorm`` (``LayerNorm.linear_pass``): x @ w + b is written
+    only where y cannot give the normalised product back (the layer norm kernel's rule), and
+    computed again by the same kernel where a kept output's backward pass needs it.
 
     ``kept`` (where the kernels run): True, the forward pass alone, returning the
     ``NormOutput`` (no gradient); a ``NormOutput`` kept from such a pass on the same rows and
@@ -219,24 +218,28 @@ def linear_norm(x, w, b, norm: LayerNorm, kept: bool | NormOutput = False):
     norm again (a recomputed step's backward pass, ``recompute``)."""
     if not kept_for(x, norm):
         return norm(linear_freeing_input(x, w, b))
-    one_kernel = in_one_kernel(x, norm)
+    one_kernel = _in_one_kernel(x, norm)
 
-    def forward(x, w, b, scale, offset) -> NormOutput:
-        if one_kernel:
-            return norm.linear_output(x, w, b, scale, offset)
-        return norm.kernel_output(tf.nn.bias_add(x @ w, b), scale, offset)
+    def product(scale, offset):  # x @ w + b as the forward pass computes it
+        if one_kernel:  # (the kernel's own, where y cannot give it back: backward_from)
+            return norm.linear_product(x, w, b, scale, offset)
+        return tf.nn.bias_add(x @ w, b)
 
     if kept is True:
-        return forward(x, w, b, *norm.parameters(w.shape[-1]))
+        parameters = norm.parameters(w.shape[-1])
+        if one_kernel:
+            return norm.linear_output(x, w, b, *parameters)
+        return norm.kernel_output(product(*parameters), *parameters)
 
     @tf.custom_gradient
     def layer(x, w, b, scale, offset):
-        if kept is False and not one_kernel:
-            y, backward = norm.kernel_pass(tf.nn.bias_add(x @ w, b), scale, offset)
+        if kept is not False:
+            again = lambda: product(scale, offset)  # noqa: E731
+            y, backward = tf.identity(kept.y), norm.backward_from(kept, scale, offset, again)
+        elif one_kernel:
+            y, backward = norm.linear_pass(x, w, b, scale, offset)
         else:
-            out = forward(x, w, b, scale, offset) if kept is False else kept
-            y = out.y if kept is False else tf.identity(kept.y)
-            backward = norm.backward_from(out, scale, offset, lambda: tf.nn.bias_add(x @ w, b))
+            y, backward = norm.kernel_pass(product(scale, offset), scale, offset)
 
         def grad(d_y):
             d_z, d_scale, d_offset, d_b = backward(d_y)
@@ -247,10 +250,12 @@ def linear_norm(x, w, b, norm: LayerNorm, kept: bool | NormOutput = False):
     return layer(x, w, b, *norm.parameters(w.shape[-1]))
 
 
-def in_one_kernel(x: tf.Tensor, norm: LayerNorm) -> bool:
+def _in_one_kernel(x: tf.Tensor, norm: LayerNorm) -> bool:
     """Whether ``linear_norm`` on x takes its forward pass in one ``HvdtrackLinearNorm``: its
     kernels run (``kept_for``) and the library has vector code for this CPU (its scalar code
-    would be slower than TensorFlow's product)."""
+    would be slower than TensorFlow's product). Also with oneDNN's products
+    (``TF_ENABLE_ONEDNN_OPTS=1``): the kernel took 0.924 of their time with the norm here
+    (``python -m hvdtrack.bench kernels``), where ``weight_gradient``'s kernel is slower."""
     return kept_for(x, norm) and vector_code()
 
 
@@ -273,8 +278,9 @@ def weight_gradient(x: tf.Tensor, d_out: tf.Tensor) -> tf.Tensor:
     Where the kernel library runs with vector code for this CPU (AVX-512 or AVX2), for float32
     with b a multiple of 16: its ``HvdtrackWeightGradient`` (``weight_gradient.cc``). On one
     thread of the Xeon here it ran the model's shapes at 84-107 GFLOP/s, where TensorFlow's own
-    gradient of a matmul, ``matmul(x, d_out, transpose_a=True)``, ran them at 41-79
-    (docs/performance.md); its bits do not depend on the number of threads. Elsewhere that
+    gradient of a matmul, ``matmul(x, d_out, transpose_a=True)``, ran them at 41-79; against
+    the transposed product below it took 0.94-0.95 of its time (``python -m hvdtrack.bench
+    kernels``, docs/performance.md); its bits do not depend on the number of threads. Elsewhere that
     matmul (also with ``TF_ENABLE_ONEDNN_OPTS=1``: oneDNN's is faster still), on the CPU taken
     the other way round (``transpose(matmul(d_out, x, transpose_a=True))``) when the result has
     more rows than columns: Eigen ran an [a, b] result with a > b at two thirds of the speed of

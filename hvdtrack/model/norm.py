@@ -82,15 +82,32 @@ class LayerNorm(snt.Module):
         )
         return NormOutput(y, mean, rstd, mask)
 
+    def linear_pass(self, x, w, b, scale, offset):
+        """``kernel_pass`` of x @ w + b in one kernel (``HvdtrackLinearNorm``; float32 x [rows,
+        K], w [K, width], b [width]; the library with vector code for this CPU): the product's
+        rows go into the norm from cache, written only where y cannot give them back (the
+        kernel's kept output, which the backward pass then reads)."""
+        kernels = fused_kernels()
+        outputs = kernels.hvdtrack_linear_norm(
+            x, w, b, scale, offset, epsilon=self.eps, relu=self.relu
+        )
+        return outputs[0], _backward(kernels, outputs, scale, offset, self.relu)
+
     def linear_output(self, x, w, b, scale, offset) -> NormOutput:
-        """``kernel_output`` of x @ w + b in one kernel (``HvdtrackLinearNorm``, float32 x
-        [rows, K], w [K, width], b [width]; the library with vector code for this CPU): the
-        product's rows go into the norm from cache and are never written. ``backward_from``
-        reads it as it reads ``kernel_output``'s."""
-        y, mean, rstd, mask = fused_kernels().hvdtrack_linear_norm(
+        """``kernel_output`` of x @ w + b in one kernel (``linear_pass``), no gradient recorded.
+        ``backward_from`` reads it as it reads ``kernel_output``'s."""
+        y, mean, rstd, _, mask = fused_kernels().hvdtrack_linear_norm(
             x, w, b, scale, offset, epsilon=self.eps, relu=self.relu
         )
         return NormOutput(y, mean, rstd, mask)
+
+    def linear_product(self, x, w, b, scale, offset) -> tf.Tensor:
+        """x @ w + b as ``linear_pass`` computes it, where y cannot give it back (the kernel's
+        kept output; elsewhere that is empty): ``backward_from``'s ``x_again`` for a kept
+        ``linear_output``, the same bits as the forward pass's product."""
+        return fused_kernels().hvdtrack_linear_norm(
+            x, w, b, scale, offset, epsilon=self.eps, relu=self.relu
+        )[3]
 
     def backward_from(
         self, kept: NormOutput, scale, offset, x_again: Callable[[], tf.Tensor]
@@ -157,28 +174,40 @@ def _kernel_pass(kernels, x, scale, offset, eps: float, relu: bool):
     float32 rounding. In bfloat16 the output has too few digits for that: the backward pass
     keeps x as it came and casts it again (a float32 copy would be another 4 bytes per
     element)."""
-    from_output = x.dtype == tf.float32
-    y, mean, rstd, kept, mask = kernels.hvdtrack_layer_norm(
+    outputs = kernels.hvdtrack_layer_norm(
         tf.cast(x, tf.float32), scale, offset, epsilon=eps, relu=relu
     )
+    cast_again = None if x.dtype == tf.float32 else x
+    return tf.cast(outputs[0], x.dtype), _backward(
+        kernels, outputs, scale, offset, relu, cast_again
+    )
+
+
+def _backward(kernels, outputs, scale, offset, relu: bool, cast_again=None) -> Callable:
+    """The gradient kernel's backward pass from a forward kernel's ``outputs`` (y, mean, rstd,
+    kept, mask): the normalised input from y, or from kept where the kernel handed its input
+    over; with ``cast_again`` (x in bfloat16), from x cast to float32 when the gradient comes,
+    and dx in x's dtype."""
+    y, mean, rstd, kept, mask = outputs
 
     def backward(upstream):
         with tf.name_scope("layer_norm_grad"):  # named for the step's op breakdown
-            if from_output:
+            if cast_again is None:
                 source, output = kept, y
             else:
                 # Cast when the gradient comes: a cast that needs only x would run as soon
                 # as x exists, and every layer's copy would wait for the backward pass.
                 with tf.control_dependencies([upstream]):
-                    source = tf.cast(x, tf.float32)
+                    source = tf.cast(cast_again, tf.float32)
                 output = tf.zeros([0, y.shape[-1]], tf.float32)
             dx, d_scale, d_offset, d_sum = kernels.hvdtrack_layer_norm_grad(
                 tf.cast(upstream, tf.float32), source, output, mask, scale, offset, mean, rstd,
                 relu=relu,
             )  # fmt: skip
-            return tf.cast(dx, x.dtype), d_scale, d_offset, d_sum
+            dtype = tf.float32 if cast_again is None else cast_again.dtype
+            return tf.cast(dx, dtype), d_scale, d_offset, d_sum
 
-    return tf.cast(y, x.dtype), backward
+    return backward
 
 
 def _layer_norm_ops(x: tf.Tensor, scale: tf.Tensor, offset: tf.Tensor, eps: float) -> tf.Tensor:

@@ -24,6 +24,8 @@ def test_every_case_is_timed_against_what_it_replaced(tmp_path):
     printed = done.stdout
     assert "40 rows, 1 thread(s)" in printed and "3 calls of each in turn" in printed
     figures = json.loads(out.read_text())
+    assert figures["isa"] in ("avx512", "avx2", "none")
+    assert f"vector code {figures['isa']}" in printed
     assert [r["case"] for r in figures["records"]] == list(bench.CASES)
     for record in figures["records"]:
         assert f"{record['case']} " in printed

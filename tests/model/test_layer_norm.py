@@ -259,15 +259,19 @@ def test_the_linear_norm_kernel_by_hand():
     x, w = tf.constant([[1.0, 2.0], [0.0, -1.0]]), tf.constant([[1.0, 0.0, 2.0], [1.0, 1.0, -1.0]])
     b, ones, zeros = tf.constant([0.0, 0.0, 1.0]), tf.ones([3]), tf.zeros([3])
     # x @ w + b = [3, 2, 1] and [-1, -1, 2]; with the ReLU the second row is [0, 0, 2]
-    y, mean, rstd, mask = kernels.hvdtrack_linear_norm(x, w, b, ones, zeros, epsilon=0.0)
+    y, mean, rstd, kept, mask = kernels.hvdtrack_linear_norm(x, w, b, ones, zeros, epsilon=0.0)
+    assert kept.shape == (0, 3)  # y gives the normalised product back: no copy of it
     np.testing.assert_allclose(mean.numpy(), [2.0, 0.0])
     np.testing.assert_allclose(rstd.numpy(), [1.5**0.5, 0.5**0.5], rtol=1e-6)
     expected = [[1.5**0.5, 0.0, -(1.5**0.5)], [-(0.5**0.5), -(0.5**0.5), 2 * 0.5**0.5]]
     np.testing.assert_allclose(y.numpy(), expected, rtol=1e-6, atol=1e-7)
     assert mask.shape == (2, 0)
-    y, mean, _, mask = kernels.hvdtrack_linear_norm(x, w, b, ones, zeros, epsilon=0.0, relu=True)
+    _, mean, _, _, mask = kernels.hvdtrack_linear_norm(x, w, b, ones, zeros, epsilon=0.0, relu=True)
     np.testing.assert_allclose(mean.numpy(), [2.0, 2.0 / 3.0], rtol=1e-6)
     np.testing.assert_array_equal(mask.numpy(), [[0b111], [0b100]])
+    # a scale of 0 in a column: y cannot give the product back, which the kernel then keeps
+    kept = kernels.hvdtrack_linear_norm(x, w, b, [1.0, 0.0, 1.0], zeros, epsilon=0.0)[3]
+    np.testing.assert_array_equal(kept.numpy(), [[3.0, 2.0, 1.0], [-1.0, -1.0, 2.0]])
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"b, scale and offset must be \[wi"):
         kernels.hvdtrack_linear_norm(x, w, b, tf.ones([2]), zeros, epsilon=0.0)
     with pytest.raises(tf.errors.InvalidArgumentError, match="x and w must be"):
@@ -279,7 +283,10 @@ def test_the_linear_norm_kernel_by_hand():
 @pytest.mark.parametrize("rows, inputs, width", [(1003, 128, 64), (37, 7, 70), (9, 16, 5),
                                                  (6, 3, 1), (0, 4, 8)])  # fmt: skip
 @pytest.mark.parametrize("relu", [False, True])
-def test_the_linear_norm_kernel_is_the_layer_norm_of_the_product(rows, inputs, width, relu):
+@pytest.mark.parametrize("given_back", [True, False])
+def test_the_linear_norm_kernel_is_the_layer_norm_of_the_product(
+    rows, inputs, width, relu, given_back
+):
     # small integers: x @ w + b is exact in any order of addition, so the norm's bits must be
     # the layer norm kernel's on TensorFlow's product
     rng = np.random.default_rng(9)
@@ -287,13 +294,15 @@ def test_the_linear_norm_kernel_is_the_layer_norm_of_the_product(rows, inputs, w
         tf.constant(rng.integers(-4, 5, shape), tf.float32)
         for shape in ((rows, inputs), (inputs, width), (width,))
     )
-    scale, offset = (tf.constant(rng.standard_normal(width), tf.float32) for _ in range(2))
+    scale, offset = 0.5 + rng.random(width), rng.standard_normal(width)
+    scale[0] = scale[0] if given_back else 0.0  # else the kernels hand the product over
+    scale, offset = tf.constant(scale, tf.float32), tf.constant(offset, tf.float32)
     kernels = norm_module.fused_kernels()
+    assert bool(norm_module._invertible(scale, offset)) == given_back
     ours = kernels.hvdtrack_linear_norm(x, w, b, scale, offset, epsilon=1e-5, relu=relu)
-    y, mean, rstd, _, mask = kernels.hvdtrack_layer_norm(
-        x @ w + b, scale, offset, epsilon=1e-5, relu=relu
-    )
-    for a, c in zip(ours, (y, mean, rstd, mask)):
+    theirs = kernels.hvdtrack_layer_norm(x @ w + b, scale, offset, epsilon=1e-5, relu=relu)
+    assert len(ours) == len(theirs) == 5  # y, mean, rstd, kept (the product, or none), mask
+    for a, c in zip(ours, theirs):
         np.testing.assert_array_equal(a.numpy(), c.numpy())
 
 

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from hvdtrack.model import mlp as mlp_module
 from hvdtrack.model.kernels import plain_ops, vector_code
 from hvdtrack.model.mlp import NARROW_INPUT, FusedMLP, linear_freeing_input, linear_norm
-from hvdtrack.model.norm import LayerNorm
+from hvdtrack.model.norm import LayerNorm, NormOutput
 
 
 def _reference(mlp: FusedMLP, x: tf.Tensor) -> tf.Tensor:
@@ -133,9 +134,9 @@ def test_linear_freeing_input_gives_tensorflows_gradients_weight_gradient_first(
     )
 
 
-@pytest.mark.parametrize("relu", [True, False])
-@pytest.mark.parametrize("given_back", [True, False])  # by y; else x @ w + b computed again
-def test_linear_norm_gives_tensorflows_gradients_with_the_bias_from_the_norm(relu, given_back):
+def _linear_norm_case(relu: bool, given_back: bool):
+    """x, w, b [2500, 24], [24, 16], [16], upstream, and a LayerNorm whose scale has a zero
+    column (which y cannot give the normalised product back through) unless ``given_back``."""
     rng = np.random.default_rng(8)
     x, w, b = (
         tf.constant(rng.standard_normal(shape), tf.float32)
@@ -147,16 +148,42 @@ def test_linear_norm_gives_tensorflows_gradients_with_the_bias_from_the_norm(rel
     scale = 1 + 0.3 * rng.standard_normal(16)
     scale[3] = scale[3] if given_back else 0.0  # a column y cannot give back (norm._invertible)
     norm.scale.assign(scale), norm.offset.assign(rng.random(16))
-    variables = [norm.scale, norm.offset]
-    ours = _values_and_gradients(lambda p: linear_norm(*p, norm), [x, w, b], variables, upstream)
+    return x, w, b, upstream, norm
+
+
+def _tensorflows_linear_norm(x, w, b, upstream, norm):
     with plain_ops():  # TensorFlow's ops and autodiff: the bias's gradient a BiasAddGrad
-        theirs = _values_and_gradients(
-            lambda p: norm(tf.nn.bias_add(p[0] @ p[1], p[2])), [x, w, b], variables, upstream
-        )
+        return _values_and_gradients(
+            lambda p: norm(tf.nn.bias_add(p[0] @ p[1], p[2])),
+            [x, w, b], [norm.scale, norm.offset], upstream,
+        )  # fmt: skip
+
+
+def _assert_close(ours, theirs):
     assert len(ours) == len(theirs) == 6
     for a, c in zip(ours, theirs):
         scale = max(1.0, np.abs(c.numpy()).max())
         np.testing.assert_allclose(a.numpy(), c.numpy(), rtol=0, atol=1e-5 * scale)
+
+
+@pytest.fixture(params=["one kernel", "product, then norm"])
+def one_kernel(request, monkeypatch):
+    """Whether linear_norm may take HvdtrackLinearNorm (where this CPU has vector code)."""
+    if request.param != "one kernel":
+        monkeypatch.setattr(mlp_module, "_in_one_kernel", lambda x, norm: False)
+    return request.param == "one kernel" and vector_code()
+
+
+@pytest.mark.parametrize("relu", [True, False])
+@pytest.mark.parametrize("given_back", [True, False])  # by y; else x @ w + b computed again
+def test_linear_norm_gives_tensorflows_gradients_with_the_bias_from_the_norm(
+    relu, given_back, one_kernel
+):
+    x, w, b, upstream, norm = _linear_norm_case(relu, given_back)
+    variables = [norm.scale, norm.offset]
+    ours = _values_and_gradients(lambda p: linear_norm(*p, norm), [x, w, b], variables, upstream)
+    theirs = _tensorflows_linear_norm(x, w, b, upstream, norm)
+    _assert_close(ours, theirs)
 
     @tf.function
     def step():
@@ -171,9 +198,22 @@ def test_linear_norm_gives_tensorflows_gradients_with_the_bias_from_the_norm(rel
     # vector code the forward product in the norm's kernel
     assert "BiasAddGrad" not in types, types
     assert types.count("HvdtrackLayerNormGrad") == 1
-    if vector_code():
+    if one_kernel:
         assert types.count("HvdtrackLinearNorm") == 1 and "HvdtrackLayerNorm" not in types
     else:
-        assert types.count("HvdtrackLayerNorm") == 1, types
+        assert types.count("HvdtrackLayerNorm") == 1 and "HvdtrackLinearNorm" not in types
     waiting = [op for op in graph.get_operations() if op.type == "MatMul" and op.control_inputs]
     assert waiting, "x's gradient does not wait for the weight gradient"
+
+
+@pytest.mark.parametrize("given_back", [True, False])
+def test_linear_norm_from_a_kept_output_gives_tensorflows_gradients(given_back, one_kernel):
+    # a recomputed step's: the forward pass kept (kept=True), its backward pass from that
+    x, w, b, upstream, norm = _linear_norm_case(True, given_back)
+    kept = linear_norm(x, w, b, norm, kept=True)
+    assert isinstance(kept, NormOutput)
+    variables = [norm.scale, norm.offset]
+    ours = _values_and_gradients(
+        lambda p: linear_norm(*p, norm, kept=kept), [x, w, b], variables, upstream
+    )
+    _assert_close(ours, _tensorflows_linear_norm(x, w, b, upstream, norm))
