@@ -1,4 +1,4 @@
-"""Four of the kernel library's fused kernels against what the step ran before them.
+"""Four of the kernel library's fused kernels against the TensorFlow ops they replace.
 
     python -m hvdtrack.bench kernels --rows 40000 --threads 1 --calls 150
 
@@ -19,9 +19,8 @@ kernels (the segment sums, the gradients' kernels, the layer norm's own) have no
 
 The two sides are called in turn, one call each, ``--calls`` times (after a warm-up; which
 side goes first alternates), so that their ratio, taken call pair by call pair, holds while
-this machine's speed drifts; the
-figures are the minimum and median of each side's calls and the median of the ratios (with its
-quartiles). A call's time is its compiled function's, its result fetched: what a step pays for
+this machine's speed drifts; the figures are the minimum and median of each side's calls and
+the median of the ratios (with its quartiles). A call's time is its compiled function's, its result fetched: what a step pays for
 it, not an op's own time in a profile. The process runs with training's settings
 (``entry.TRAINING``: TensorFlow's oneDNN kernels off unless ``TF_ENABLE_ONEDNN_OPTS`` is set;
 inter-op threads as a rank's, ``distributed.cores``), as the step does. Only the forward
@@ -61,7 +60,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
     except RuntimeError:  # TensorFlow already started in this process: its threads stay
-        threads = tf.config.threading.get_intra_op_parallelism_threads() or "TensorFlow's default"
+        threads = tf.config.threading.get_intra_op_parallelism_threads()  # 0: TensorFlow's
     kernels = fused_kernels()
     if kernels is None:
         print(

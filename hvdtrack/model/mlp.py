@@ -220,7 +220,7 @@ def linear_norm(x, w, b, norm: LayerNorm, kept: bool | NormOutput = False):
         return norm(linear_freeing_input(x, w, b))
     one_kernel = _in_one_kernel(x, norm)
 
-    def product(scale, offset):  # x @ w + b as the forward pass computes it
+    def product(x, w, b, scale, offset):  # x @ w + b as the forward pass computes it
         if one_kernel:  # (the kernel's own, where y cannot give it back: backward_from)
             return norm.linear_product(x, w, b, scale, offset)
         return tf.nn.bias_add(x @ w, b)
@@ -229,17 +229,17 @@ def linear_norm(x, w, b, norm: LayerNorm, kept: bool | NormOutput = False):
         parameters = norm.parameters(w.shape[-1])
         if one_kernel:
             return norm.linear_output(x, w, b, *parameters)
-        return norm.kernel_output(product(*parameters), *parameters)
+        return norm.kernel_output(product(x, w, b, *parameters), *parameters)
 
     @tf.custom_gradient
     def layer(x, w, b, scale, offset):
         if kept is not False:
-            again = lambda: product(scale, offset)  # noqa: E731
+            again = lambda: product(x, w, b, scale, offset)  # noqa: E731
             y, backward = tf.identity(kept.y), norm.backward_from(kept, scale, offset, again)
         elif one_kernel:
             y, backward = norm.linear_pass(x, w, b, scale, offset)
         else:
-            y, backward = norm.kernel_pass(product(scale, offset), scale, offset)
+            y, backward = norm.kernel_pass(product(x, w, b, scale, offset), scale, offset)
 
         def grad(d_y):
             d_z, d_scale, d_offset, d_b = backward(d_y)

@@ -335,3 +335,22 @@ print(kernels.hvdtrack_kernel_isa().numpy().decode(), digest.hexdigest())
 def test_the_linear_norm_kernel_gives_the_same_bits_on_every_isa_and_thread_count():
     runs = digests_on_every_isa(LINEAR_NORM_PROGRAM)
     assert len({digest for _, digest in runs}) == 1, runs
+
+
+def test_the_product_computed_again_is_the_forward_passs_own():
+    # where y cannot give the product back, a kept output's backward pass reads the kernel's
+    # own product again (LayerNorm.linear_product), not TensorFlow's (other sums, other bits)
+    rng = np.random.default_rng(11)
+    x, w, b = (
+        tf.constant(rng.standard_normal(shape), tf.float32)
+        for shape in ((300, 128), (128, 64), (64,))
+    )
+    scale, offset = tf.constant([0.0] + [1.0] * 63), tf.zeros([64])
+    norm = LayerNorm(relu=True)
+    kept = norm_module.fused_kernels().hvdtrack_linear_norm(
+        x, w, b, scale, offset, epsilon=norm.eps, relu=True
+    )[3]
+    assert kept.shape == (300, 64)
+    again = norm.linear_product(x, w, b, scale, offset)
+    np.testing.assert_array_equal(again.numpy(), kept.numpy())
+    np.testing.assert_allclose(kept.numpy(), (x @ w + b).numpy(), rtol=1e-5, atol=1e-4)
