@@ -161,6 +161,19 @@ inline void NormRow(const float* row, const float* sp, const float* op, int64 wi
   *rstd = s;
 }
 
+// One row of either forward op: with ``relu`` its mask bits (one byte per 8 columns) then the
+// norm of max(row, 0), else the norm of the row.
+inline void ForwardRow(bool relu, const float* row, const float* sp, const float* op,
+                       int64 width, float inv_width, float eps, uint8_t* bits, float* out,
+                       float* mean, float* rstd) {
+  if (relu) {
+    MaskRow(row, width, bits);
+    NormRow<true>(row, sp, op, width, inv_width, eps, out, mean, rstd);
+  } else {
+    NormRow<false>(row, sp, op, width, inv_width, eps, out, mean, rstd);
+  }
+}
+
 // One row of the gradient (see the top). kFromX: n = (a - m) * s from the (activated) input
 // a; else n = (y - offset) * inverse_scale. bits: the row's ReLU mask (ApplyMask), or null
 // without ReLU.
@@ -231,13 +244,8 @@ class LayerNormOp : public OpKernel {
     const bool relu = relu_;
     ForEachBlock(context, rows, width, [&](int64, int64 first, int64 end) {
       for (int64 r = first; r < end; ++r) {
-        const float* row = xp + r * width;
-        if (relu) {
-          MaskRow(row, width, bits + r * mask_bytes);
-          NormRow<true>(row, sp, op, width, inv_width, eps, yp + r * width, mp + r, rp + r);
-        } else {
-          NormRow<false>(row, sp, op, width, inv_width, eps, yp + r * width, mp + r, rp + r);
-        }
+        ForwardRow(relu, xp + r * width, sp, op, width, inv_width, eps, bits + r * mask_bytes,
+                   yp + r * width, mp + r, rp + r);
       }
     });
   }
@@ -466,12 +474,8 @@ class LinearNormOp : public OpKernel {
           const int64 r = r0 + ii;
           const float* row = z.data() + ii * stride;
           if (zp != nullptr) std::memcpy(zp + r * width, row, width * sizeof(float));
-          if (relu) {
-            MaskRow(row, width, bits + r * mask_bytes);
-            NormRow<true>(row, sp, op, width, inv_width, eps, yp + r * width, mp + r, rp + r);
-          } else {
-            NormRow<false>(row, sp, op, width, inv_width, eps, yp + r * width, mp + r, rp + r);
-          }
+          ForwardRow(relu, row, sp, op, width, inv_width, eps, bits + r * mask_bytes,
+                     yp + r * width, mp + r, rp + r);
         }
       }
     });

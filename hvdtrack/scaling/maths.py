@@ -35,12 +35,14 @@ At N = 1 the model's step is a + b mean(E) + the N=1 run's measured exchange
 runs from before that shortcut measured that trip there (14-15 ms a step at a 20 ms cycle).
 Strong-scaling efficiency step(1) / (N step(N)), weak step(1) / step(N). ``validate_against``
 puts each term beside what a measured run shows: its exchange (cycle, allreduce and the wait for
-slower ranks) and its straggler (slowest rank minus the ranks' mean, without the exchange).
+slower ranks), the exchange of the rank last to finish its work (cycle and allreduce alone), its
+straggler (slowest rank minus the ranks' mean, without the exchange) and the N=1 run's
+step-to-step spread (``step_spread``), from which the wait comes.
 
 Public symbols: ``STEP_FIELDS``, ``step_statistics``, ``step_times``, ``epoch_step_time``,
 ``epoch_times``, ``epoch_time``, ``epoch_work``, ``efficiency``, ``DEFAULT_NS``,
 ``HOROVOD_CYCLE_S``, ``HOROVOD_FUSION_BYTES``, ``StepModel``, ``Prediction``, ``Validation``,
-``cycle_wait``, ``straggler_wait``, ``predict_scaling``, ``baseline_inputs``,
+``cycle_wait``, ``straggler_wait``, ``step_spread``, ``predict_scaling``, ``baseline_inputs``,
 ``validate_against``. The links: ``hvdtrack.scaling.network``.
 """
 
@@ -196,8 +198,12 @@ class Validation:
     """A measured run of N workers against the model over ``network``: step times (median,
     slowest rank), efficiencies on step times, the relative error of the predicted efficiency,
     the predicted terms (``Prediction``'s) and what the run measured of them: the median
-    exchange (cycle, allreduce and the wait for slower ranks) and ``measured_straggler_s``, the
-    median over steps of the slowest rank's time without exchange minus the ranks' mean."""
+    exchange (cycle, allreduce and the wait for slower ranks), ``measured_straggler_s``, the
+    median over steps of the slowest rank's time without exchange minus the ranks' mean, and
+    ``measured_last_exchange_s``, the median over steps of the exchange of the rank that
+    finished its work last (which waits for no other rank: the measured counterpart of cycle +
+    allreduce). ``step_spread_s``: the N=1 run's step-to-step spread that the straggler term
+    draws from (``step_spread``), which sets how long ranks wait for each other."""
 
     n: int
     network: str
@@ -213,6 +219,8 @@ class Validation:
     predicted_allreduce_s: float
     measured_exchange_s: float
     measured_straggler_s: float
+    measured_last_exchange_s: float
+    step_spread_s: float
 
     def describe(self) -> str:
         names = ("compute", "fixed", "straggler", "cycle", "allreduce")
@@ -222,8 +230,10 @@ class Validation:
             f"measured {self.measured_efficiency:.3f}, error {self.relative_error:+.1%} "
             f"(step {self.predicted_step_s * 1e3:.2f} ms predicted = {terms} ms; "
             f"{self.measured_step_s * 1e3:.2f} ms measured, of which exchange "
-            f"{self.measured_exchange_s * 1e3:.2f} ms, straggler "
-            f"{self.measured_straggler_s * 1e3:.2f} ms)"
+            f"{self.measured_exchange_s * 1e3:.2f} ms (on the rank last to finish its work "
+            f"{self.measured_last_exchange_s * 1e3:.2f}), straggler "
+            f"{self.measured_straggler_s * 1e3:.2f} ms; one rank's step-to-step spread "
+            f"{self.step_spread_s * 1e3:.2f} ms)"
         )
 
 
@@ -247,8 +257,8 @@ def straggler_wait(model: StepModel, n: int, mode: str) -> float:
     (``straggler.planned_shares``), else
     independent draws: weak, e = E_k, an N=1 step's edges; strong, a rank's G/n graphs have
     the mean share and sqrt(1/n) of the spread, e = mean(E)/n + (E_k - mean(E))/sqrt(n)."""
-    edges, residuals = np.asarray(model.edges), np.asarray(model.residuals_s)
-    noise = np.diff(residuals) / math.sqrt(2) if residuals.size > 1 else np.zeros(1)
+    edges = np.asarray(model.edges)
+    noise = _step_noise(model)
     noise = (noise - noise.mean()) / (n if mode == "strong" else 1)
     graphs = (model.graph_edges, model.graphs_per_step, model.sort_window)
     shares = planned_shares(*graphs, n, mode) if n > 1 else None
@@ -344,6 +354,15 @@ def baseline_inputs(run: Run, also: Sequence[Run] = ()) -> StepModel:
                      HOROVOD_FUSION_BYTES, exchange, tuple(notes), graph_edges, graphs, window)  # fmt: skip
 
 
+def step_spread(model: StepModel) -> float:
+    """Standard deviation of one worker's step-to-step change in step time that its edges do
+    not explain: the residuals' successive differences / sqrt(2) (without the machine's
+    drift), the draws of ``straggler_wait``. Two ranks with a spread s wait for each other
+    about 2 s / sqrt(pi) a step (E|r1 - r2|, r normal): the spread, not the link, sets that
+    wait."""
+    return float(np.std(_step_noise(model)))
+
+
 def validate_against(
     runs: Sequence[Run],
     mode: str,
@@ -370,7 +389,8 @@ def validate_against(
         terms = (pred.compute_s, pred.fixed_s, pred.straggler_s, pred.cycle_s, pred.allreduce_s)
         error = (pred.efficiency - measured) / measured
         fields = (pred.step_s, tn, pred.efficiency, measured, error, *terms, exchange)
-        out.append(Validation(n, network.name, *fields, _measured_straggler(run)))
+        waits = (_measured_straggler(run), _last_rank_exchange(run), step_spread(model))
+        out.append(Validation(n, network.name, *fields, *waits))
     return out
 
 
@@ -449,6 +469,24 @@ def _fit_line(edges: np.ndarray, work: np.ndarray) -> tuple[float, float, list[s
         " a negative term is noise: fitted through the origin instead (no fixed cost)"
     )
     return 0.0, float(np.dot(edges, work) / np.dot(edges, edges)), notes
+
+
+def _step_noise(model: StepModel) -> np.ndarray:
+    """The residuals' successive differences / sqrt(2) (one zero without two residuals)."""
+    residuals = np.asarray(model.residuals_s)
+    return np.diff(residuals) / math.sqrt(2) if residuals.size > 1 else np.zeros(1)
+
+
+def _last_rank_exchange(run: Run) -> float:
+    """Median over non-warm-up steps of the exchange of the rank whose time without exchange
+    was the longest (the first such rank on a tie)."""
+    steps = _frame(run.steps, StepTiming).astype({"warmup": bool})
+    steps["work"] = steps["total_s"] - steps["exchange_s"]
+    steps = steps[~steps.groupby(["epoch", "step"])["warmup"].transform("any")]
+    if steps.empty:
+        return float("nan")
+    last = steps.loc[steps.groupby(["epoch", "step"])["work"].idxmax()]
+    return float(last["exchange_s"].median())
 
 
 def _measured_straggler(run: Run) -> float:

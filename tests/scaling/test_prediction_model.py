@@ -337,6 +337,9 @@ def test_validation_shows_each_term_and_what_was_measured(tmp_path):
     assert v.measured_step_s == pytest.approx(0.31)
     assert v.measured_exchange_s == pytest.approx(0.06)
     assert v.measured_straggler_s == pytest.approx(0.02)  # 0.29 - mean(0.25, 0.29)
+    assert v.measured_last_exchange_s == pytest.approx(0.02)  # rank 1's, the last to finish
+    # np1's residuals 0.01, -0.01, -0.01, 0.01: changes -0.02, 0, 0.02 over sqrt(2)
+    assert v.step_spread_s == pytest.approx(0.02 / math.sqrt(3))
     # t1 measured: the median N=1 step (0.29 + 0.39) / 2 = 0.34.
     assert v.measured_efficiency == pytest.approx(0.34 / 0.62)
     step = (0.125 + 0.1 + STRAGGLER_2) / 0.8 + 0.010 + 4e-4
@@ -350,7 +353,10 @@ def test_validation_shows_each_term_and_what_was_measured(tmp_path):
         "= compute 156.25 + fixed 125.00 + straggler 56.22 + cycle 10.00 + allreduce 0.40 ms"
         in (text)
     )
-    assert text.endswith("310.00 ms measured, of which exchange 60.00 ms, straggler 20.00 ms)")
+    assert text.endswith(
+        "310.00 ms measured, of which exchange 60.00 ms (on the rank last to finish its work "
+        "20.00), straggler 20.00 ms; one rank's step-to-step spread 11.55 ms)"
+    )
     # Without a ceiling for 2 ranks per host: as fast as alone.
     (plain,) = maths.validate_against(runs, "strong", TEN_GB_S)
     assert plain.predicted_compute_s == pytest.approx(0.125)
@@ -370,3 +376,16 @@ def test_a_run_of_another_model_cannot_join_the_fit(tmp_path):
     assert any(
         n.startswith("fixed and per-edge cost fitted on the steps of 2") for n in built.notes
     )
+
+
+def test_last_rank_exchange_follows_the_rank_that_finished_last(tmp_path):
+    # The rank last to finish its work changes from step to step: its exchange is taken each
+    # step (0.01, 0.03, 0.02: median 0.02), not either rank's throughout (0.01 or 0.05 by
+    # rank 0's median, 0.03 or 0.04 by rank 1's).
+    one = write_steps(tmp_path / "np1", [[(e, s, 0.0) for e, s in zip(EDGES, SECONDS)]])
+    rank0 = [(1000, 0.30, 0.01), (1000, 0.20, 0.05), (1000, 0.31, 0.02)]
+    rank1 = [(1000, 0.25, 0.06), (1000, 0.24, 0.03), (1000, 0.30, 0.04)]
+    two = write_steps(tmp_path / "np2", [rank0, rank1])
+    (v,) = maths.validate_against([read_run(one), read_run(two)], "strong", TEN_GB_S)
+    assert v.measured_last_exchange_s == pytest.approx(0.02)
+    assert v.measured_exchange_s == pytest.approx(0.05)  # each step's longest: 0.06 0.05 0.04
