@@ -66,8 +66,13 @@ from hvdtrack.utils.io import write_json
 STRATEGIES = (("horovod", "np1", "np2"), ("mirrored", "mirrored1", "mirrored2"))
 # The runs of a round, in the order they train (the ceiling is measured after np1-half).
 RUNS = ("local", "np1", "np2", "np1-half", "mirrored1", "mirrored2")
-# Alone / together pairs of each round's ceiling measurement (``measure_ceiling``'s rounds).
-CEILING_PAIRS = 2
+# Alone / together pairs of each round's ceiling measurement (``measure_ceiling``'s rounds)
+# and the steps each side times in a pair. On this Xeon one pair's ratio varied with a standard
+# deviation of 0.14 (12 pairs of 5 steps: 0.64-1.10, docs/scaling/README.md), so 2 pairs of 10
+# steps left a round's ceiling about 0.1 off either way; 8 pairs of 5 steps, about 0.06, for
+# 80 timed steps a side instead of 40 (under a minute more per round).
+CEILING_PAIRS = 8
+CEILING_STEPS = 5
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -277,15 +282,16 @@ def table_lines(args: argparse.Namespace, figures: dict) -> list[str]:
 
 def measure_round_ceiling(args: argparse.Namespace, common: Sequence[str], out: Path) -> None:
     """This machine's ceiling for 2 ranks (``bench ceiling --training-graphs``,
-    ``CEILING_PAIRS`` pairs in turn) on a rank's share of a step, G/2 training graphs of mean
-    size, with the runs' model settings (``common``'s ``model.`` overrides), measured now into
-    ``out``/ceiling.json."""
+    ``CEILING_PAIRS`` pairs of ``CEILING_STEPS`` steps in turn) on a rank's share of a step,
+    G/2 training graphs of mean size, with the runs' model settings (``common``'s ``model.``
+    overrides), measured now into ``out``/ceiling.json."""
     config = load_config(resolve_config_path(args.config), [])
     training = (config.data.dataset_dir, args.global_batch / 2)
     model = [o for o in common if o.startswith("model.")]
     result = measure_ceiling(
-        args.config, 2, 0, 0, overrides=model, rounds=CEILING_PAIRS, training=training
-    )
+        args.config, 2, 0, 0, CEILING_STEPS, overrides=model, rounds=CEILING_PAIRS,
+        training=training,
+    )  # fmt: skip
     write_json(out / "ceiling.json", result.figures())
 
 
@@ -306,7 +312,8 @@ def read_ceilings(args: argparse.Namespace) -> list[dict]:
             raise DataError(
                 f"{path}: no ceiling measured ({err}); run without --report-only, or measure "
                 "the round's alone: python -m hvdtrack.bench ceiling --training-graphs --graphs "
-                f"{args.global_batch / 2:g} --rounds {CEILING_PAIRS} --json {path}"
+                f"{args.global_batch / 2:g} --rounds {CEILING_PAIRS} --repeats {CEILING_STEPS} "
+                f"--json {path}"
             ) from None
         ceilings.append({**fields, "in_round": in_round})
     return ceilings

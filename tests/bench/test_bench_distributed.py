@@ -301,11 +301,13 @@ def test_report_only_on_rounds_of_which_one_lacks_np1_half(tmp_path, capsys):
 
 def test_a_rounds_ceiling_is_measured_on_training_graphs_with_the_runs_model(tmp_path, monkeypatch):
     """Two ranks' share (G/2 graphs) of the config's training split, the runs' model overrides,
-    ``CEILING_PAIRS`` pairs; written to the round's ceiling.json, read back as it."""
+    ``CEILING_PAIRS`` pairs of ``CEILING_STEPS`` steps; written to the round's ceiling.json,
+    read back as it."""
     asked = {}
 
-    def measure(config, processes, nodes, edges, overrides, rounds, training):
+    def measure(config, processes, nodes, edges, repeats, overrides, rounds, training):
         asked.update(config=config, processes=processes, overrides=overrides, rounds=rounds)
+        asked["repeats"] = repeats
         asked["training"] = training
         return Ceiling(processes, 8000, 22000, [0.40], [[0.44, 0.45]], "training")
 
@@ -317,6 +319,7 @@ def test_a_rounds_ceiling_is_measured_on_training_graphs_with_the_runs_model(tmp
     assert asked == dict(
         config="configs/default.yaml", processes=2, overrides=["model.keep_edge_term=true"],
         rounds=distributed.CEILING_PAIRS, training=("data/default", 2.0),
+        repeats=distributed.CEILING_STEPS,
     )  # fmt: skip
     (ceiling,) = distributed.read_ceilings(args)
     assert (ceiling["graphs"], ceiling["in_round"]) == ("training", True)
