@@ -68,9 +68,10 @@ STRATEGIES = (("horovod", "np1", "np2"), ("mirrored", "mirrored1", "mirrored2"))
 RUNS = ("local", "np1", "np2", "np1-half", "mirrored1", "mirrored2")
 # Alone / together pairs of each round's ceiling measurement (``measure_ceiling``'s rounds)
 # and the steps each side times in a pair. On this Xeon one pair's ratio varied with a standard
-# deviation of 0.14 (12 pairs of 5 steps: 0.64-1.10, docs/scaling/README.md), so 2 pairs of 10
-# steps left a round's ceiling about 0.1 off either way; 8 pairs of 5 steps, about 0.06, for
-# 80 timed steps a side instead of 40 (under a minute more per round).
+# deviation of 0.14 with 5 steps a side and 0.10 with 10 (docs/scaling/README.md): the steps'
+# own noise dominates, so the count of timed steps is what counts. 2 pairs of 10 steps left a
+# round's ceiling about 0.07 off either way; 8 pairs of 5 (40 timed steps a side, not 20),
+# about 0.06; halving it would take 4 times the steps.
 CEILING_PAIRS = 8
 CEILING_STEPS = 5
 

@@ -232,7 +232,7 @@ class Validation:
             f"{self.measured_step_s * 1e3:.2f} ms measured, of which exchange "
             f"{self.measured_exchange_s * 1e3:.2f} ms (on the rank last to finish its work "
             f"{self.measured_last_exchange_s * 1e3:.2f}), straggler "
-            f"{self.measured_straggler_s * 1e3:.2f} ms; one rank's step-to-step spread "
+            f"{self.measured_straggler_s * 1e3:.2f} ms; the N=1 run's step-to-step spread "
             f"{self.step_spread_s * 1e3:.2f} ms)"
         )
 
@@ -355,11 +355,12 @@ def baseline_inputs(run: Run, also: Sequence[Run] = ()) -> StepModel:
 
 
 def step_spread(model: StepModel) -> float:
-    """Standard deviation of one worker's step-to-step change in step time that its edges do
-    not explain: the residuals' successive differences / sqrt(2) (without the machine's
-    drift), the draws of ``straggler_wait``. Two ranks with a spread s wait for each other
-    about 2 s / sqrt(pi) a step (E|r1 - r2|, r normal): the spread, not the link, sets that
-    wait."""
+    """The N=1 run's step-to-step spread: an estimate of the standard deviation of a step's
+    time without exchange around the fit on its edges, from the residuals' successive
+    differences / sqrt(2) (so without the machine's slower drift): the draws of
+    ``straggler_wait`` before it scales them to a rank's share of the work (1/N in strong
+    scaling). Two ranks whose steps each vary by s wait for each other about 2 s / sqrt(pi) a
+    step (E|r1 - r2|, r normal): the spread, not the link, sets that wait."""
     return float(np.std(_step_noise(model)))
 
 
@@ -479,7 +480,7 @@ def _step_noise(model: StepModel) -> np.ndarray:
 
 def _last_rank_exchange(run: Run) -> float:
     """Median over non-warm-up steps of the exchange of the rank whose time without exchange
-    was the longest (the first such rank on a tie)."""
+    was the longest (on a tie, the rank whose record comes first in timing.jsonl)."""
     steps = _frame(run.steps, StepTiming).astype({"warmup": bool})
     steps["work"] = steps["total_s"] - steps["exchange_s"]
     steps = steps[~steps.groupby(["epoch", "step"])["warmup"].transform("any")]

@@ -355,7 +355,7 @@ def test_validation_shows_each_term_and_what_was_measured(tmp_path):
     )
     assert text.endswith(
         "310.00 ms measured, of which exchange 60.00 ms (on the rank last to finish its work "
-        "20.00), straggler 20.00 ms; one rank's step-to-step spread 11.55 ms)"
+        "20.00), straggler 20.00 ms; the N=1 run's step-to-step spread 11.55 ms)"
     )
     # Without a ceiling for 2 ranks per host: as fast as alone.
     (plain,) = maths.validate_against(runs, "strong", TEN_GB_S)
@@ -379,13 +379,13 @@ def test_a_run_of_another_model_cannot_join_the_fit(tmp_path):
 
 
 def test_last_rank_exchange_follows_the_rank_that_finished_last(tmp_path):
-    # The rank last to finish its work changes from step to step: its exchange is taken each
-    # step (0.01, 0.03, 0.02: median 0.02), not either rank's throughout (0.01 or 0.05 by
-    # rank 0's median, 0.03 or 0.04 by rank 1's).
+    # The rank last to finish its work changes from step to step (0, 1, 0): its exchange is
+    # taken each step (0.01, 0.03, 0.04: median 0.03), not a rank's throughout (rank 0's median
+    # 0.04, also the rank with the longer median work; rank 1's 0.05).
     one = write_steps(tmp_path / "np1", [[(e, s, 0.0) for e, s in zip(EDGES, SECONDS)]])
-    rank0 = [(1000, 0.30, 0.01), (1000, 0.20, 0.05), (1000, 0.31, 0.02)]
-    rank1 = [(1000, 0.25, 0.06), (1000, 0.24, 0.03), (1000, 0.30, 0.04)]
+    rank0 = [(1000, 0.30, 0.01), (1000, 0.20, 0.07), (1000, 0.31, 0.04)]
+    rank1 = [(1000, 0.25, 0.06), (1000, 0.24, 0.03), (1000, 0.30, 0.05)]
     two = write_steps(tmp_path / "np2", [rank0, rank1])
     (v,) = maths.validate_against([read_run(one), read_run(two)], "strong", TEN_GB_S)
-    assert v.measured_last_exchange_s == pytest.approx(0.02)
-    assert v.measured_exchange_s == pytest.approx(0.05)  # each step's longest: 0.06 0.05 0.04
+    assert v.measured_last_exchange_s == pytest.approx(0.03)
+    assert v.measured_exchange_s == pytest.approx(0.06)  # each step's longest: 0.06 0.07 0.05

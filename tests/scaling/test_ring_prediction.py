@@ -100,7 +100,7 @@ def test_validation_against_measured_run_states_error(tmp_path, synthetic_run, b
         "N=2 (test): predicted efficiency 0.735, measured 0.799, error -7.9% "
         "(step 680.00 ms predicted = compute 500.00 + fixed 0.00 + straggler 0.00 + cycle 80.00 "
         "+ allreduce 100.00 ms; 626.00 ms measured, of which exchange 90.00 ms (on the rank "
-        "last to finish its work 90.00), straggler 0.50 ms; one rank's step-to-step spread "
+        "last to finish its work 90.00), straggler 0.50 ms; the N=1 run's step-to-step spread "
         "0.00 ms)"
     )
 
