@@ -355,12 +355,11 @@ def baseline_inputs(run: Run, also: Sequence[Run] = ()) -> StepModel:
 
 
 def step_spread(model: StepModel) -> float:
-    """The N=1 run's step-to-step spread: an estimate of the standard deviation of a step's
-    time without exchange around the fit on its edges, from the residuals' successive
-    differences / sqrt(2) (so without the machine's slower drift): the draws of
-    ``straggler_wait`` before it scales them to a rank's share of the work (1/N in strong
-    scaling). Two ranks whose steps each vary by s wait for each other about 2 s / sqrt(pi) a
-    step (E|r1 - r2|, r normal): the spread, not the link, sets that wait."""
+    """The N=1 run's step-to-step spread: the standard deviation of a step's time without
+    exchange around the fit on its edges, estimated from the residuals' successive differences
+    / sqrt(2) (without the machine's slower drift): ``straggler_wait``'s draws before it scales
+    them to a rank's share (1/N in strong scaling). Two ranks whose steps each vary by s wait
+    for each other about 2 s / sqrt(pi) a step (E|r1 - r2|, r normal)."""
     return float(np.std(_step_noise(model)))
 
 
@@ -478,25 +477,24 @@ def _step_noise(model: StepModel) -> np.ndarray:
     return np.diff(residuals) / math.sqrt(2) if residuals.size > 1 else np.zeros(1)
 
 
-def _last_rank_exchange(run: Run) -> float:
-    """Median over non-warm-up steps of the exchange of the rank whose time without exchange
-    was the longest (on a tie, the rank whose record comes first in timing.jsonl)."""
+def _ranks_steps(run: Run) -> pd.DataFrame:
+    """Every rank's record of the steps no rank marked warm-up, "work" its time without
+    exchange."""
     steps = _frame(run.steps, StepTiming).astype({"warmup": bool})
     steps["work"] = steps["total_s"] - steps["exchange_s"]
-    steps = steps[~steps.groupby(["epoch", "step"])["warmup"].transform("any")]
-    if steps.empty:
-        return float("nan")
-    last = steps.loc[steps.groupby(["epoch", "step"])["work"].idxmax()]
-    return float(last["exchange_s"].median())
+    return steps[~steps.groupby(["epoch", "step"])["warmup"].transform("any")]
+
+
+def _last_rank_exchange(run: Run) -> float:
+    """Median over non-warm-up steps (NaN without any) of the exchange of the rank whose time
+    without exchange was the longest (on a tie, the rank whose record comes first)."""
+    steps = _ranks_steps(run)
+    last = steps.groupby(["epoch", "step"])["work"].idxmax()
+    return float(steps.loc[last, "exchange_s"].median())
 
 
 def _measured_straggler(run: Run) -> float:
-    """Median over non-warm-up steps of the slowest rank's time without exchange minus the
-    ranks' mean."""
-    steps = _frame(run.steps, StepTiming).astype({"warmup": bool})
-    steps["work"] = steps["total_s"] - steps["exchange_s"]
-    steps = steps[~steps.groupby(["epoch", "step"])["warmup"].transform("any")]
-    if steps.empty:
-        return float("nan")
-    work = steps.groupby(["epoch", "step"])["work"]
+    """Median over non-warm-up steps (NaN without any) of the slowest rank's time without
+    exchange minus the ranks' mean."""
+    work = _ranks_steps(run).groupby(["epoch", "step"])["work"]
     return float((work.max() - work.mean()).median())
