@@ -35,6 +35,14 @@ latency, default 100 ms at the rate; 5 ms made the 10 Mbit/s allreduce slower, n
 N = 4 and 8). ``--cycle-ms`` sets HOROVOD_CYCLE_TIME
 (Horovod 0.28.1's default: 1 ms).
 
+``--phase``: when an allreduce starts within Horovod's cycle. ``barrier`` (the default): right
+after the barrier, which itself ends as a cycle ends, so the allreduce waits about a whole cycle
+before Horovod's loop takes it. ``random``: every rank then pauses the same time, uniform in
+[0, cycle) and drawn from the iteration's number, so the allreduce starts at a random point of
+the cycle, as a training step's gradients do when its compute ends (the model's "ring + cycle"
+counts half a cycle, ``maths.cycle_wait``). A long cycle (``--cycle-ms 20``, the configs') on
+the bare link checks the model's cycle term.
+
 Runs only when no test hosts are up (they belong to someone else then) and holds the test
 sessions' lock (``/tmp/hvdtrack-hosts.lock``) throughout, so test sessions wait for it.
 """
@@ -61,6 +69,7 @@ HOSTS_DIR = Path(os.environ.get("HVDTRACK_HOSTS_DIR", "/tmp/hvdtrack-hosts"))
 LOCK = HOSTS_DIR.with_name(HOSTS_DIR.name + ".lock")  # the one tests/hosts.py uses
 INTERFACE = "hvdt0"  # inside every host's namespace (test_hosts.sh)
 RUN_JSON = REPO / "runs/default/run.json"
+PHASES = {"barrier": "after a barrier", "random": "at a random point of the cycle"}  # --phase
 RATES_GBIT = {
     "none": math.inf,
     "10mbit": 0.01,
@@ -70,9 +79,12 @@ RATES_GBIT = {
 }  # none: bare veth
 
 
-def worker(out_dir: str, num_bytes: int, warmup: int, repeats: int) -> None:
-    """One rank: times ``repeats`` allreduces of ``num_bytes`` float32 bytes after ``warmup``;
-    writes OUT_DIR/rank{r}.json with the seconds of each."""
+def worker(out_dir: str, num_bytes: int, warmup: int, repeats: int, pause_s: float) -> None:
+    """One rank: times ``repeats`` allreduces of ``num_bytes`` float32 bytes after ``warmup``,
+    each after a barrier and a pause uniform in [0, pause_s), the same on every rank (``--phase
+    random``; 0: none); writes OUT_DIR/rank{r}.json with the seconds of each."""
+    import random
+
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
@@ -84,6 +96,7 @@ def worker(out_dir: str, num_bytes: int, warmup: int, repeats: int) -> None:
     seconds = []
     for i in range(warmup + repeats):
         hvd.allreduce(token, op=hvd.Sum, name="barrier").numpy()  # every rank starts together
+        time.sleep(random.Random(i).uniform(0, pause_s))  # the same on every rank
         begin = time.perf_counter()
         hvd.allreduce(gradient, op=hvd.Sum, name="gradient").numpy()
         if i >= warmup:
@@ -253,7 +266,9 @@ def time_allreduce(n: int, addresses: list[str], args: argparse.Namespace) -> li
         hosts = ",".join(f"{a}:1" for a in addresses[:n])
         command = [str(Path(sys.executable).parent / "horovodrun"), "-np", str(n), "-H", hosts]
         command += ["--gloo", "--network-interface", INTERFACE, sys.executable, __file__]
+        pause_ms = args.cycle_ms if args.phase == "random" else 0
         command += ["--worker", out, str(args.gradient_bytes), str(args.warmup), str(args.repeats)]
+        command += [f"{pause_ms * 1e-3:g}"]
         job = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         if job.returncode != 0:
             raise SystemExit(
@@ -314,6 +329,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--cycle-ms", type=float, default=1.0, help="HOROVOD_CYCLE_TIME")
     parser.add_argument(
+        "--phase",
+        choices=tuple(PHASES),
+        default="barrier",
+        help="an allreduce starts right after a barrier, or at a random point of the cycle",
+    )
+    parser.add_argument(
         "--sysctl",
         action="append",
         default=[],
@@ -321,11 +342,11 @@ def main() -> None:
         help="set in every host's namespace, e.g. net.ipv4.tcp_slow_start_after_idle=0",
     )
     parser.add_argument("--json", help="also write the rows here")
-    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        out, num_bytes, warmup, repeats = args.worker
-        worker(out, int(num_bytes), int(warmup), int(repeats))
+        out, num_bytes, warmup, repeats, pause_s = args.worker
+        worker(out, int(num_bytes), int(warmup), int(repeats), float(pause_s))
         return
 
     sys.path.insert(0, str(REPO))
@@ -337,7 +358,8 @@ def main() -> None:
     rows = []
     print(
         f"allreduce of {args.gradient_bytes:,} bytes (float32), HOROVOD_CYCLE_TIME "
-        f"{args.cycle_ms:g} ms, median of {args.repeats} after {args.warmup} warm-up; "
+        f"{args.cycle_ms:g} ms, started {PHASES[args.phase]}, "
+        f"median of {args.repeats} after {args.warmup} warm-up; "
         f"{os.cpu_count()} cores",
         flush=True,
     )
