@@ -41,7 +41,10 @@ before Horovod's loop takes it. ``random``: every rank then pauses the same time
 [0, cycle) and drawn from the iteration's number, so the allreduce starts at a random point of
 the cycle, as a training step's gradients do when its compute ends (the model's "ring + cycle"
 counts half a cycle, ``maths.cycle_wait``). A long cycle (``--cycle-ms 20``, the configs') on
-the bare link checks the model's cycle term.
+the bare link checks the model's cycle term. ``--tensors model``: instead of one tensor of the
+gradient's bytes, the default model's 28 variables and the step's 3 scalars, in one grouped
+allreduce in a compiled function, as the training step exchanges them (the bytes stay
+``--gradient-bytes``'s for the model's figures).
 
 Runs only when no test hosts are up (they belong to someone else then) and holds the test
 sessions' lock (``/tmp/hvdtrack-hosts.lock``) throughout, so test sessions wait for it.
@@ -69,6 +72,7 @@ HOSTS_DIR = Path(os.environ.get("HVDTRACK_HOSTS_DIR", "/tmp/hvdtrack-hosts"))
 LOCK = HOSTS_DIR.with_name(HOSTS_DIR.name + ".lock")  # the one tests/hosts.py uses
 INTERFACE = "hvdt0"  # inside every host's namespace (test_hosts.sh)
 RUN_JSON = REPO / "runs/default/run.json"
+TENSORS = {"one": "one tensor", "model": "as the step (the model's tensors, grouped, compiled)"}
 PHASES = {"barrier": "after a barrier", "random": "at a random point of the cycle"}  # --phase
 RATES_GBIT = {
     "none": math.inf,
@@ -79,10 +83,28 @@ RATES_GBIT = {
 }  # none: bare veth
 
 
-def worker(out_dir: str, num_bytes: int, warmup: int, repeats: int, pause_s: float) -> None:
-    """One rank: times ``repeats`` allreduces of ``num_bytes`` float32 bytes after ``warmup``,
-    each after a barrier and a pause uniform in [0, pause_s), the same on every rank (``--phase
-    random``; 0: none); writes OUT_DIR/rank{r}.json with the seconds of each."""
+def step_tensors(tf) -> list:
+    """Tensors shaped as the training step's exchange (``--tensors model``): the packaged
+    default model's variables and the three scalars the step adds (loss and weight sums, the
+    stop and checkpoint requests)."""
+    sys.path.insert(0, str(REPO))
+    from hvdtrack.bench.workload import synthetic_graph
+    from hvdtrack.config import load_config, resolve_config_path
+    from hvdtrack.model.classifier import SegmentClassifier
+
+    model = SegmentClassifier(load_config(resolve_config_path(None)).model)
+    model(synthetic_graph(50, 200)[0])
+    return [tf.ones(v.shape) for v in model.trainable_variables] + [tf.ones([])] * 3
+
+
+def worker(
+    out_dir: str, num_bytes: int, warmup: int, repeats: int, pause_s: float, tensors: str
+) -> None:
+    """One rank: times ``repeats`` allreduces after ``warmup``, each after a barrier and a pause
+    uniform in [0, pause_s), the same on every rank (``--phase random``; 0: none), of one
+    float32 tensor of ``num_bytes`` (``tensors`` "one", eager) or of ``step_tensors`` in one
+    grouped allreduce in a compiled function, as ``HorovodWorkers.reduce_gradients`` makes it
+    in the step ("model"); writes OUT_DIR/rank{r}.json with the seconds of each."""
     import random
 
     import horovod.tensorflow as hvd
@@ -91,14 +113,21 @@ def worker(out_dir: str, num_bytes: int, warmup: int, repeats: int, pause_s: flo
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     hvd.init()
-    gradient = tf.ones([num_bytes // 4], tf.float32)
+    parts = step_tensors(tf) if tensors == "model" else [tf.ones([num_bytes // 4], tf.float32)]
+    exchange = tf.function(lambda *g: hvd.grouped_allreduce(list(g), op=hvd.Sum))
+
+    def allreduce():
+        if tensors == "model":
+            return exchange(*parts)[0].numpy()
+        return hvd.allreduce(parts[0], op=hvd.Sum, name="gradient").numpy()
+
     token = tf.zeros([1])
     seconds = []
     for i in range(warmup + repeats):
         hvd.allreduce(token, op=hvd.Sum, name="barrier").numpy()  # every rank starts together
         time.sleep(random.Random(i).uniform(0, pause_s))  # the same on every rank
         begin = time.perf_counter()
-        hvd.allreduce(gradient, op=hvd.Sum, name="gradient").numpy()
+        allreduce()
         if i >= warmup:
             seconds.append(time.perf_counter() - begin)
     rank = hvd.rank()
@@ -268,7 +297,7 @@ def time_allreduce(n: int, addresses: list[str], args: argparse.Namespace) -> li
         command += ["--gloo", "--network-interface", INTERFACE, sys.executable, __file__]
         pause_ms = args.cycle_ms if args.phase == "random" else 0
         command += ["--worker", out, str(args.gradient_bytes), str(args.warmup), str(args.repeats)]
-        command += [f"{pause_ms * 1e-3:g}"]
+        command += [f"{pause_ms * 1e-3:g}", args.tensors]
         job = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         if job.returncode != 0:
             raise SystemExit(
@@ -342,11 +371,17 @@ def main() -> None:
         help="set in every host's namespace, e.g. net.ipv4.tcp_slow_start_after_idle=0",
     )
     parser.add_argument("--json", help="also write the rows here")
-    parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--tensors",
+        choices=tuple(TENSORS),
+        default="one",
+        help="one tensor of --gradient-bytes (eager), or the default model's, as the step",
+    )
+    parser.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        out, num_bytes, warmup, repeats, pause_s = args.worker
-        worker(out, int(num_bytes), int(warmup), int(repeats), float(pause_s))
+        out, num_bytes, warmup, repeats, pause_s, tensors = args.worker
+        worker(out, int(num_bytes), int(warmup), int(repeats), float(pause_s), tensors)
         return
 
     sys.path.insert(0, str(REPO))
@@ -358,7 +393,7 @@ def main() -> None:
     rows = []
     print(
         f"allreduce of {args.gradient_bytes:,} bytes (float32), HOROVOD_CYCLE_TIME "
-        f"{args.cycle_ms:g} ms, started {PHASES[args.phase]}, "
+        f"{args.cycle_ms:g} ms, started {PHASES[args.phase]}, {TENSORS[args.tensors]}, "
         f"median of {args.repeats} after {args.warmup} warm-up; "
         f"{os.cpu_count()} cores",
         flush=True,
