@@ -42,9 +42,10 @@ before Horovod's loop takes it. ``random``: every rank then pauses the same time
 the cycle, as a training step's gradients do when its compute ends (the model's "ring + cycle"
 counts half a cycle, ``maths.cycle_wait``). A long cycle (``--cycle-ms 20``, the configs') on
 the bare link checks the model's cycle term. ``--tensors model``: instead of one tensor of the
-gradient's bytes, the default model's 28 variables and the step's 3 scalars, in one grouped
-allreduce in a compiled function, as the training step exchanges them (the bytes stay
-``--gradient-bytes``'s for the model's figures).
+gradient's bytes, the default model's 28 variables with the step's loss and weight sums and
+its requests (``step_tensors``), in one grouped allreduce in a compiled function, as the training
+step exchanges them; the model's figures then take the variables' bytes (``--gradient-bytes``
+is refused).
 
 Runs only when no test hosts are up (they belong to someone else then) and holds the test
 sessions' lock (``/tmp/hvdtrack-hosts.lock``) throughout, so test sessions wait for it.
@@ -84,17 +85,28 @@ RATES_GBIT = {
 
 
 def step_tensors(tf) -> list:
-    """Tensors shaped as the training step's exchange (``--tensors model``): the packaged
-    default model's variables and the three scalars the step adds (loss and weight sums, the
-    stop and checkpoint requests)."""
-    sys.path.insert(0, str(REPO))
-    from hvdtrack.bench.workload import synthetic_graph
+    """Tensors shaped as the training step's exchange (``--tensors model``, the default exact
+    sums; ``TrainStep``'s exchange part): the packaged default model's variables, created as
+    ``TrainState`` creates them, then the loss and weight sums (scalars) and the requests
+    vector (``step.REQUESTS``: stop, checkpoint)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
     from hvdtrack.config import load_config, resolve_config_path
+    from hvdtrack.inputs.pipeline import placeholder_graph
     from hvdtrack.model.classifier import SegmentClassifier
+    from hvdtrack.train.step import REQUESTS
 
     model = SegmentClassifier(load_config(resolve_config_path(None)).model)
-    model(synthetic_graph(50, 200)[0])
-    return [tf.ones(v.shape) for v in model.trainable_variables] + [tf.ones([])] * 3
+    model(placeholder_graph())
+    variables = [tf.ones(v.shape, v.dtype) for v in model.trainable_variables]
+    return variables + [tf.ones([]), tf.ones([]), tf.ones([len(REQUESTS)])]
+
+
+def model_gradient_bytes() -> int:
+    """The default model's gradient bytes (float32 variables), as run.json records them."""
+    import tensorflow as tf
+
+    return 4 * sum(t.shape.num_elements() for t in step_tensors(tf)[:-3])
 
 
 def worker(
@@ -104,34 +116,47 @@ def worker(
     uniform in [0, pause_s), the same on every rank (``--phase random``; 0: none), of one
     float32 tensor of ``num_bytes`` (``tensors`` "one", eager) or of ``step_tensors`` in one
     grouped allreduce in a compiled function, as ``HorovodWorkers.reduce_gradients`` makes it
-    in the step ("model"); writes OUT_DIR/rank{r}.json with the seconds of each."""
+    in the step ("model"). Writes OUT_DIR/rank{r}.json: the seconds of each timed allreduce,
+    the pauses, the number of tensors and the first element of the last sum."""
     import random
 
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
+    if tensors not in TENSORS:
+        raise SystemExit(f"--worker: tensors must be one of {', '.join(TENSORS)}, got {tensors!r}")
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     hvd.init()
-    parts = step_tensors(tf) if tensors == "model" else [tf.ones([num_bytes // 4], tf.float32)]
-    exchange = tf.function(lambda *g: hvd.grouped_allreduce(list(g), op=hvd.Sum))
+    if tensors == "model":
+        parts = step_tensors(tf)
+        grouped = tf.function(lambda *g: hvd.grouped_allreduce(list(g), op=hvd.Sum))
 
-    def allreduce():
-        if tensors == "model":
-            return exchange(*parts)[0].numpy()
-        return hvd.allreduce(parts[0], op=hvd.Sum, name="gradient").numpy()
+        def allreduce():
+            return grouped(*parts)[0]
+
+    else:
+        parts = [tf.ones([num_bytes // 4], tf.float32)]
+
+        def allreduce():
+            return hvd.allreduce(parts[0], op=hvd.Sum, name="gradient")
 
     token = tf.zeros([1])
-    seconds = []
+    seconds, pauses = [], []
     for i in range(warmup + repeats):
         hvd.allreduce(token, op=hvd.Sum, name="barrier").numpy()  # every rank starts together
-        time.sleep(random.Random(i).uniform(0, pause_s))  # the same on every rank
+        pause = random.Random(i).uniform(0, pause_s) if pause_s > 0 else 0.0
+        if pause:
+            time.sleep(pause)  # the same on every rank
         begin = time.perf_counter()
-        allreduce()
+        total = allreduce().numpy()
         if i >= warmup:
             seconds.append(time.perf_counter() - begin)
+            pauses.append(pause)
     rank = hvd.rank()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"rank": rank, "seconds": seconds}))
+    out = {"rank": rank, "seconds": seconds, "pauses": pauses, "tensors": len(parts)}
+    out["sum"] = float(total.reshape(-1)[0])
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
 
 
 def hosts_script(*args: str) -> str:
@@ -295,9 +320,7 @@ def time_allreduce(n: int, addresses: list[str], args: argparse.Namespace) -> li
         hosts = ",".join(f"{a}:1" for a in addresses[:n])
         command = [str(Path(sys.executable).parent / "horovodrun"), "-np", str(n), "-H", hosts]
         command += ["--gloo", "--network-interface", INTERFACE, sys.executable, __file__]
-        pause_ms = args.cycle_ms if args.phase == "random" else 0
-        command += ["--worker", out, str(args.gradient_bytes), str(args.warmup), str(args.repeats)]
-        command += [f"{pause_ms * 1e-3:g}", args.tensors]
+        command += worker_args(out, args)
         job = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
         if job.returncode != 0:
             raise SystemExit(
@@ -307,6 +330,14 @@ def time_allreduce(n: int, addresses: list[str], args: argparse.Namespace) -> li
     if len(ranks) != n:
         raise SystemExit(f"{len(ranks)} of {n} ranks wrote their timings")
     return [max(column) for column in zip(*ranks)]
+
+
+def worker_args(out_dir: str, args: argparse.Namespace) -> list[str]:
+    """The script's arguments for one rank (``worker``'s, after ``--worker``) from the
+    command line's: the pause is a whole cycle with ``--phase random``, else none."""
+    pause_ms = args.cycle_ms if args.phase == "random" else 0
+    sizes = [str(args.gradient_bytes), str(args.warmup), str(args.repeats)]
+    return ["--worker", out_dir, *sizes, f"{pause_ms * 1e-3:g}", args.tensors]
 
 
 def default_gradient_bytes() -> int:
@@ -387,6 +418,10 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     from hvdtrack.scaling import maths, network
 
+    if args.tensors == "model":  # the bytes the allreduces really carry
+        if args.gradient_bytes is not None:
+            parser.error("--gradient-bytes: --tensors model sends the default model's own")
+        args.gradient_bytes = model_gradient_bytes()
     args.gradient_bytes = args.gradient_bytes or default_gradient_bytes()
     ns = [int(n) for n in args.ns.split(",")]
     rates = [(r, RATES_GBIT[r]) for r in args.rates.split(",")]
