@@ -131,9 +131,11 @@ def _case(tf, kernels, name: str, rows: int, rng) -> tuple[Callable, Callable]:
         def kernel():
             return kernels.hvdtrack_head(e, w1, b1, w2, b2)
 
-        def before():
+        def before():  # head._forward without the kernel: the bits first, as the step orders them
             hidden = tf.nn.relu(tf.nn.bias_add(e @ w1, b1))
-            return tf.nn.bias_add(hidden @ w2, b2), kernels.hvdtrack_relu_mask(hidden)
+            bits = kernels.hvdtrack_relu_mask(hidden)
+            with tf.control_dependencies([bits]):
+                return tf.nn.bias_add(hidden @ w2, b2), bits
 
     elif name == "weight_gradient":
         x, d = constant(rows, HIDDEN), constant(rows, LATENT)
