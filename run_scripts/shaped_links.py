@@ -13,11 +13,11 @@ delivers from h1 to h2, as iperf or osu_bw would measure a real link: the gradie
 answered by one byte, median of 5 after one) and its bidirectional goodput (h1 and h2 sending
 those bytes to each other at once, as osu_bibw would), then for each N runs
 ``horovodrun -np N -H h1..hN --gloo`` over the hosts: every rank allreduces a float32 tensor of
-the default model's gradient bytes (runs/default/run.json's ``gradient_bytes``, or
-``--gradient-bytes``), ``--warmup`` times untimed, then ``--repeats`` times, each after a barrier.
-An iteration takes its slowest rank's time; the table shows the median, beside the model's ring
-allreduce (``hvdtrack.scaling.network.ring_allreduce_time`` at that bandwidth and the measured
-latency), the ring plus Horovod's cycle wait (``maths.cycle_wait``), and the ring at the
+the default model's gradient bytes (``model_gradient_bytes``: what a default run's run.json
+records as ``gradient_bytes``, 484,356), or ``--gradient-bytes``, ``--warmup`` times untimed,
+then ``--repeats`` times, each after a barrier. An iteration takes its slowest rank's time; the
+table shows the median, beside the model's ring allreduce
+(``hvdtrack.scaling.network.ring_allreduce_time`` at that bandwidth and the measured latency), the ring plus Horovod's cycle wait (``maths.cycle_wait``), and the ring at the
 measured goodput (TCP/IP framing and the acknowledgements sharing the link take 4% of a
 shaped rate), and the ring at the link's bidirectional goodput (both hosts sending the bytes to
 each other at once, as osu_bibw measures a link and as a ring uses it), with their errors. With
@@ -72,7 +72,6 @@ SCRIPT = REPO / "run_scripts/test_hosts.sh"
 HOSTS_DIR = Path(os.environ.get("HVDTRACK_HOSTS_DIR", "/tmp/hvdtrack-hosts"))
 LOCK = HOSTS_DIR.with_name(HOSTS_DIR.name + ".lock")  # the one tests/hosts.py uses
 INTERFACE = "hvdt0"  # inside every host's namespace (test_hosts.sh)
-RUN_JSON = REPO / "runs/default/run.json"
 TENSORS = {"one": "one tensor", "model": "as the step (the model's tensors, grouped, compiled)"}
 PHASES = {"barrier": "after a barrier", "random": "at a random point of the cycle"}  # --phase
 RATES_GBIT = {
@@ -103,10 +102,11 @@ def step_tensors(tf) -> list:
 
 
 def model_gradient_bytes() -> int:
-    """The default model's gradient bytes (float32 variables), as run.json records them."""
+    """The packaged default model's gradient bytes (its variables'), as run.json records them;
+    no run needed."""
     import tensorflow as tf
 
-    return 4 * sum(t.shape.num_elements() for t in step_tensors(tf)[:-3])
+    return sum(t.shape.num_elements() * t.dtype.size for t in step_tensors(tf)[:-3])
 
 
 def worker(
@@ -340,12 +340,6 @@ def worker_args(out_dir: str, args: argparse.Namespace) -> list[str]:
     return ["--worker", out_dir, *sizes, f"{pause_ms * 1e-3:g}", args.tensors]
 
 
-def default_gradient_bytes() -> int:
-    if not RUN_JSON.exists():
-        raise SystemExit(f"no {RUN_JSON} to read gradient_bytes from: pass --gradient-bytes")
-    return int(json.loads(RUN_JSON.read_text())["gradient_bytes"])
-
-
 @contextlib.contextmanager
 def own_hosts(count: int):
     """The test hosts, started here and stopped at the end (signals included)."""
@@ -384,7 +378,7 @@ def main() -> None:
         "--queue-ms", type=float, default=100.0, help="tbf's queue (latency), ms at the rate"
     )
     parser.add_argument("--burst-us", type=float, default=50.0, help="tbf burst, us at the rate")
-    parser.add_argument("--gradient-bytes", type=int, help="default: runs/default/run.json's")
+    parser.add_argument("--gradient-bytes", type=int, help="default: the default model's")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--cycle-ms", type=float, default=1.0, help="HOROVOD_CYCLE_TIME")
@@ -418,11 +412,9 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     from hvdtrack.scaling import maths, network
 
-    if args.tensors == "model":  # the bytes the allreduces really carry
-        if args.gradient_bytes is not None:
-            parser.error("--gradient-bytes: --tensors model sends the default model's own")
-        args.gradient_bytes = model_gradient_bytes()
-    args.gradient_bytes = args.gradient_bytes or default_gradient_bytes()
+    if args.tensors == "model" and args.gradient_bytes is not None:
+        parser.error("--gradient-bytes: --tensors model sends the default model's own")
+    args.gradient_bytes = args.gradient_bytes or model_gradient_bytes()
     ns = [int(n) for n in args.ns.split(",")]
     rates = [(r, RATES_GBIT[r]) for r in args.rates.split(",")]
     rows = []

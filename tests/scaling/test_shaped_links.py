@@ -33,6 +33,10 @@ def test_the_step_tensors_are_the_default_models_variables_sums_and_requests():
     assert all(p.dtype == tf.float32 for p in parts)
 
 
+def test_the_default_gradient_bytes_need_no_run():
+    assert _script().model_gradient_bytes() == 484_356
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("tensors, phase", [("model", "random"), ("one", "barrier")])
 def test_the_ranks_run_as_the_script_starts_them(tmp_path, tensors, phase):
