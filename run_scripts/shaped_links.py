@@ -5,25 +5,24 @@
     .venv/bin/python run_scripts/shaped_links.py --rates none,10mbit,100mbit  # the exchange dominates
     .venv/bin/python run_scripts/shaped_links.py --gradient-bytes 16777216 --json out.json
 
-As root: starts max(N) hosts with run_scripts/test_hosts.sh (network namespaces, an sshd each)
-and, for each rate, shapes every host's outgoing link (the namespace end of its veth) with tbf
-("none": the bare veth), measures the link's one-way latency (half the median round trip of
-1-byte TCP messages from h1 to h2, Python at both ends), its goodput (what one TCP stream
-delivers from h1 to h2, as iperf or osu_bw would measure a real link: the gradient's bytes,
-answered by one byte, median of 5 after one) and its bidirectional goodput (h1 and h2 sending
-those bytes to each other at once, as osu_bibw would), then for each N runs
-``horovodrun -np N -H h1..hN --gloo`` over the hosts: every rank allreduces a float32 tensor of
-the default model's gradient bytes (``model_gradient_bytes``: what a default run's run.json
-records as ``gradient_bytes``, 484,356), or ``--gradient-bytes``, ``--warmup`` times untimed,
-then ``--repeats`` times, each after a barrier. An iteration takes its slowest rank's time; the
-table shows the median, beside the model's ring allreduce
-(``hvdtrack.scaling.network.ring_allreduce_time`` at that bandwidth and the measured latency), the ring plus Horovod's cycle wait (``maths.cycle_wait``), and the ring at the
-measured goodput (TCP/IP framing and the acknowledgements sharing the link take 4% of a
-shaped rate), and the ring at the link's bidirectional goodput (both hosts sending the bytes to
-each other at once, as osu_bibw measures a link and as a ring uses it), with their errors. With
-"none" among the rates, a second table compares what shaping adds to the bare link's time with
-the ring's transfer term. The hosts are stopped at the end, whatever happens (SIGINT and SIGTERM
-included).
+As root: starts max(N) hosts with run_scripts/test_hosts.sh (network namespaces, an sshd each) and,
+for each rate, shapes every host's outgoing link (the namespace end of its veth) with tbf ("none":
+the bare veth), measures the link's one-way latency (half the median round trip of 1-byte TCP
+messages from h1 to h2, Python at both ends), its goodput (what one TCP stream delivers from h1 to
+h2, as iperf or osu_bw would measure a real link: the gradient's bytes, answered by one byte, median
+of 5 after one) and its bidirectional goodput (h1 and h2 sending those bytes to each other at once,
+as osu_bibw would), then for each N runs ``horovodrun -np N -H h1..hN --gloo`` over the hosts: every
+rank allreduces a float32 tensor of the default model's gradient bytes (``model_gradient_bytes``:
+what a default run's run.json records as ``gradient_bytes``, 484,356), or ``--gradient-bytes``,
+``--warmup`` times untimed, then ``--repeats`` times, each after a barrier. An iteration takes its
+slowest rank's time; the table shows the median, beside the model's ring allreduce
+(``hvdtrack.scaling.network.ring_allreduce_time`` at that bandwidth and the measured latency), the
+ring plus Horovod's cycle wait (``maths.cycle_wait``), and the ring at the measured goodput (TCP/IP
+framing and the acknowledgements sharing the link take 4% of a shaped rate), and the ring at the
+link's bidirectional goodput (both hosts sending the bytes to each other at once, as osu_bibw
+measures a link and as a ring uses it), with their errors. With "none" among the rates, a second
+table compares what shaping adds to the bare link's time with the ring's transfer term. The hosts
+are stopped at the end, whatever happens (SIGINT and SIGTERM included).
 
 The model has no term for the software floor (eager dispatch, Gloo, the TCP stack, ranks sharing
 cores): the bare-veth rows measure it. On a machine with few cores every rank is a TensorFlow
