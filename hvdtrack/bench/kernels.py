@@ -1,10 +1,10 @@
-"""Four of the kernel library's fused kernels against the TensorFlow ops they replace.
+"""Six of the kernel library's kernels against the TensorFlow ops they replace.
 
     python -m hvdtrack.bench kernels --rows 40000 --threads 1 --calls 150
 
 Each case is a kernel of ``hvdtrack/model`` and the ops it replaced in the training step, on
 random inputs of the default model's widths (the edges' rows; nodes: rows / 8). The other
-kernels (the segment sums, the gradients' kernels, the layer norm's own) have no such case.
+kernels (most gradients' kernels, the layer norm's own) have no such case.
 
 - ``linear_norm``: ``HvdtrackLinearNorm``, the edge update's last layer [rows, 128] @ [128, 64]
   with its bias and layer norm (with the ReLU), against TensorFlow's product and
@@ -15,16 +15,21 @@ kernels (the segment sums, the gradients' kernels, the layer norm's own) have no
   against TensorFlow's product as ``mlp.weight_gradient`` takes it without the kernel
   (``transpose(matmul(d, x, transpose_a=True))``, its faster form for this shape);
 - ``gather_sum``: ``HvdtrackGatherSum``, the edge update's first layer's gathers, sum and ReLU
-  ([rows, 128]), against two gathers, an ``AddN`` and a ``Relu``.
+  ([rows, 128]), against two gathers, an ``AddN`` and a ``Relu``;
+- ``segment_sum``: ``HvdtrackSegmentSum``, the node update's sum of the edge latents per
+  receiver ([rows, 64]), against TensorFlow's ``UnsortedSegmentSum``;
+- ``gather_sum_grad``: ``HvdtrackGatherSumGrad``, the gather-sum's gradient from its ReLU's bits
+  ([rows, 128]): the masked upstream and its sums per receiver and per sender, against a
+  ``ReluGrad`` and two ``UnsortedSegmentSum``s.
 
 The two sides are called in turn, one call each, ``--calls`` times (after a warm-up; which
 side goes first alternates), so that their ratio, taken call pair by call pair, holds while
 this machine's speed drifts; the figures are the minimum and median of each side's calls and
-the median of the ratios (with its quartiles). A call's time is its compiled function's, its result fetched: what a step pays for
-it, not an op's own time in a profile. The process runs with training's settings
+the median of the ratios (with its quartiles). A call's time is its compiled function's, its
+result fetched: what a step pays for it, not an op's own time in a profile. The process runs with training's settings
 (``entry.TRAINING``: TensorFlow's oneDNN kernels off unless ``TF_ENABLE_ONEDNN_OPTS`` is set;
 inter-op threads as a rank's, ``distributed.cores``), as the step does. Only the forward
-passes are timed (and x^T @ d, itself a backward product).
+passes are timed (and x^T @ d and the gather-sum's gradient, themselves backward passes).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import numpy as np
 
 from hvdtrack.entry import TRAINING, start
 
-CASES = ("linear_norm", "head", "weight_gradient", "gather_sum")
+CASES = ("linear_norm", "head", "weight_gradient", "gather_sum", "segment_sum", "gather_sum_grad")
 # The default model's widths: edge latents 64, the edge update's hidden layer 128.
 LATENT, HIDDEN = 64, 128
 
@@ -113,6 +118,11 @@ def _case(tf, kernels, name: str, rows: int, rng) -> tuple[Callable, Callable]:
     def constant(*shape):
         return tf.constant(rng.standard_normal(shape) / np.sqrt(shape[0]), tf.float32)
 
+    nodes = max(1, rows // 8)
+
+    def node_ids():  # each edge's receiver and sender
+        return [tf.constant(rng.integers(0, nodes, rows), tf.int32) for _ in range(2)]
+
     if name == "linear_norm":
         x, w, b = constant(rows, HIDDEN), constant(HIDDEN, LATENT), constant(LATENT)
         scale, offset = 1 + constant(LATENT), constant(LATENT)
@@ -146,12 +156,10 @@ def _case(tf, kernels, name: str, rows: int, rng) -> tuple[Callable, Callable]:
         def before():  # mlp.weight_gradient's product for [a, b] with a > b, kernel aside
             return (tf.transpose(tf.matmul(d, x, transpose_a=True)),)
 
-    else:  # gather_sum
-        nodes = max(1, rows // 8)
+    elif name == "gather_sum":
         a, b = constant(rows, HIDDEN), constant(rows, HIDDEN)
         r, s = constant(nodes, HIDDEN), constant(nodes, HIDDEN)
-        receivers = tf.constant(rng.integers(0, nodes, rows), tf.int32)
-        senders = tf.constant(rng.integers(0, nodes, rows), tf.int32)
+        receivers, senders = node_ids()
 
         def kernel():
             return kernels.hvdtrack_gather_sum(a, b, r, s, receivers, senders, relu=True)
@@ -159,6 +167,30 @@ def _case(tf, kernels, name: str, rows: int, rng) -> tuple[Callable, Callable]:
         def before():
             summed = tf.add_n([a, b, tf.gather(r, receivers), tf.gather(s, senders)])
             return (tf.nn.relu(summed),)
+
+    elif name == "segment_sum":
+        latents, (receivers, _) = constant(rows, LATENT), node_ids()
+
+        def kernel():
+            return (kernels.hvdtrack_segment_sum(latents, receivers, nodes),)
+
+        def before():
+            return (tf.math.unsorted_segment_sum(latents, receivers, nodes),)
+
+    else:  # gather_sum_grad
+        upstream, (receivers, senders) = constant(rows, HIDDEN), node_ids()
+        out = tf.nn.relu(constant(rows, HIDDEN))  # the gather-sum's output, and its bits
+        bits, empty = kernels.hvdtrack_relu_mask(out), tf.zeros([0, HIDDEN])
+
+        def kernel():
+            return kernels.hvdtrack_gather_sum_grad(
+                upstream, bits, receivers, senders, nodes, empty, empty, relu=True
+            )
+
+        def before():
+            g = tf.raw_ops.ReluGrad(gradients=upstream, features=out)
+            sums = [tf.math.unsorted_segment_sum(g, ids, nodes) for ids in (receivers, senders)]
+            return (g, *sums)
 
     def first(fn):  # one number of each tensor fetched: the ops that make them all run
         return tf.function(lambda: tf.add_n([tf.cast(tf.reshape(t, [-1])[0], tf.float32)

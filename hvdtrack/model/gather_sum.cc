@@ -65,7 +65,8 @@ namespace {
 // Every index in [0, rows); the message names the first that is not, and its edge.
 Status CheckIndices(const char* what, const Tensor& indices, int64 rows) {
   const int32_t* ids = indices.flat<int32_t>().data();
-  for (int64 e = 0; e < indices.dim_size(0); ++e) {
+  const int64 edges = indices.dim_size(0);  // (not called per edge in the loop's test)
+  for (int64 e = 0; e < edges; ++e) {
     if (ids[e] < 0 || ids[e] >= rows) {
       return ::tensorflow::errors::InvalidArgument("HvdtrackGatherSum: ", what, "[", e,
                                                    "] = ", ids[e], " is out of range [0, ", rows,

@@ -6,13 +6,15 @@
 //
 // TensorFlow's CPU UnsortedSegmentSum splits the N output rows among its threads, and every
 // thread scans all E ids and reads the value rows of its own: two threads take longer than one.
-// Here the ids are counting-sorted once (serial integer passes: count, prefix sum, stable fill)
-// into CSR offsets; then fixed blocks of kBlockSegments output rows run on TensorFlow's
-// intra-op threads, each row adding its edges' rows to zeros in ascending edge order. With one
-// thread the sort is skipped: the edges are added in order straight into their rows, as
-// TensorFlow's kernel does, which gives every row the same additions in the same order. So the
-// result is the same at any thread count and bit-identical to TensorFlow's one-thread kernel
-// (tests/model/test_segment_sum.py).
+// Here each of TensorFlow's intra-op threads takes one range of output rows holding about E /
+// threads of the ids (counted once, serially); it scans all E ids in order and adds the value
+// rows of its own edges, requested ahead, onto zeros: each row gets its edges in ascending edge
+// order. With one thread (or under 2 x kBlockSegments rows) the edges are added in order
+// straight into their rows, as TensorFlow's kernel does, which gives every row the same
+// additions in the same order. So the result is the same at any thread count and bit-identical
+// to TensorFlow's one-thread kernel (tests/model/test_segment_sum.py). An earlier version
+// counting-sorted the ids into CSR offsets and read each row's edges out of memory order; on
+// two threads it was no faster than one (docs/performance.md, 2026-12-01).
 //
 //   HvdtrackSegmentAdd(sums [N, W], values [E, W], segment_ids int32 [E]) -> [N, W]
 //       sums with the same edges' rows added (sums + HvdtrackSegmentSum(values, ...)), in
@@ -46,17 +48,16 @@
 
 namespace hvdtrack {
 
-// Segments per unit of work given to Shard: 256 rows of 64 floats (64 KiB of output, about
-// 2,000 edges at the model's 8 per node) amortise the scheduling. Only the split of the work
-// depends on it, never a value.
+// Segments a thread's range holds at least: 256 rows of 64 floats (64 KiB of output, about
+// 2,000 edges at the model's 8 per node) amortise the scheduling and the scan of all ids. Only
+// the split of the work depends on it, never a value.
 constexpr int64 kBlockSegments = 256;
 // Shard's cost unit is about a CPU cycle: one float loaded, added and stored per edge column,
-// rounded up because the edge rows are gathered out of memory order.
+// rounded up because a range's edge rows are read out of memory order.
 constexpr int64 kCyclesPerFloat = 4;
-// The rows of a segment's edges lie anywhere in values, and an edge's segment rows anywhere in
-// the sums: each is requested this many edges ahead, so that the loads overlap (the gradient
-// kernel's pass at 160,000 edges: 62 ms a step instead of 116 on one thread; twice as slow
-// without in the threaded sums).
+// A range's edges lie anywhere in values, and an edge's segment rows anywhere in the sums: each
+// is requested this many edges ahead, so that the loads overlap (the gradient kernel's pass at
+// 160,000 edges: 62 ms a step instead of 116 on one thread).
 constexpr int64 kPrefetchRows = 8;
 
 REGISTER_OP("HvdtrackSegmentSum")
@@ -127,9 +128,6 @@ REGISTER_OP("HvdtrackGatherSumGrad")
 
 namespace {
 
-// Edges per unit of work for the ReLU mask on many threads (only the split depends on it).
-constexpr int64 kBlockEdges = 1024;
-
 inline void AddRow(const float* row, float* out, int64 width) {
 #pragma omp simd
   for (int64 c = 0; c < width; ++c) out[c] += row[c];
@@ -148,7 +146,8 @@ Status CheckEdges(const char* name, const Tensor& values, const Tensor& segment_
         segment_ids.shape().DebugString());
   }
   const int32_t* ids = segment_ids.flat<int32_t>().data();
-  for (int64 e = 0; e < values.dim_size(0); ++e) {
+  const int64 edges = values.dim_size(0);  // (not called per edge in the loop's test)
+  for (int64 e = 0; e < edges; ++e) {
     if (ids[e] < 0 || ids[e] >= segments) {
       return ::tensorflow::errors::InvalidArgument(name, ": segment_ids[", e, "] = ", ids[e],
                                                    " is out of range [0, ", segments, "): edge ", e,
@@ -158,12 +157,69 @@ Status CheckEdges(const char* name, const Tensor& values, const Tensor& segment_
   return Status();
 }
 
+// Edges per unit of work for the ReLU mask on many threads (only the split depends on it).
+constexpr int64 kBlockEdges = 1024;
+
 // sums[ids[e]] += values[e] for edges e in ascending order, on the calling thread.
 void AddInOrder(const float* vp, const int32_t* ids, int64 edges, int64 width, float* sp) {
   for (int64 e = 0; e < edges; ++e) {
     if (e + kPrefetchRows < edges) Prefetch(sp + ids[e + kPrefetchRows] * width, width);
     AddRow(vp + e * width, sp + ids[e] * width, width);
   }
+}
+
+// The parts of [0, segments) that threads sum: cuts[p] <= s < cuts[p + 1], each range with
+// about as many of the edges' ids as the others. Only the split of the work depends on it,
+// never a value.
+std::vector<int64> BalancedCuts(const int32_t* ids, int64 edges, int64 segments, int64 parts) {
+  std::vector<int64> count(segments, 0);
+  for (int64 e = 0; e < edges; ++e) ++count[ids[e]];
+  std::vector<int64> cuts(1, 0);
+  int64 seen = 0;
+  for (int64 s = 0; s < segments && static_cast<int64>(cuts.size()) < parts; ++s) {
+    seen += count[s];
+    while (static_cast<int64>(cuts.size()) < parts &&
+           seen * parts >= edges * static_cast<int64>(cuts.size())) {
+      cuts.push_back(s + 1);
+    }
+  }
+  cuts.resize(parts + 1, segments);
+  cuts[parts] = segments;
+  return cuts;
+}
+
+// Runs part(p, first, end) for the parts of BalancedCuts on TensorFlow's intra-op threads.
+template <typename Part>
+void ForEachPart(OpKernelContext* context, const std::vector<int64>& cuts, int64 cost,
+                 const Part& part) {
+  const int64 parts = static_cast<int64>(cuts.size()) - 1;
+  auto* workers = context->device()->tensorflow_cpu_worker_threads();
+  ::tensorflow::Shard(parts, workers->workers, parts, cost, [&](int64 begin, int64 end) {
+    for (int64 p = begin; p < end; ++p) part(cuts[p], cuts[p + 1]);
+  });
+}
+
+// sums[s] += values[e] for the edges e with first <= s = ids[e] < end, in ascending edge
+// order: every id is read, the rows of the others are not.
+void AddInRange(const float* vp, const int32_t* ids, int64 edges, int64 width, int64 first,
+                int64 end, float* sp) {
+  for (int64 e = 0; e < edges; ++e) {
+    if (e + kPrefetchRows < edges) {  // the part's next rows lie anywhere: request them ahead
+      const int64 ahead = ids[e + kPrefetchRows];
+      if (ahead >= first && ahead < end) {
+        Prefetch(vp + (e + kPrefetchRows) * width, width);
+        Prefetch(sp + ahead * width, width);
+      }
+    }
+    const int64 s = ids[e];
+    if (s >= first && s < end) AddRow(vp + e * width, sp + s * width, width);
+  }
+}
+
+// The threads' parts: one per thread (none below kBlockSegments segments each), at least one.
+int64 Parts(OpKernelContext* context, int64 segments) {
+  const int64 threads = context->device()->tensorflow_cpu_worker_threads()->num_threads;
+  return std::max<int64>(1, std::min(threads, segments / kBlockSegments));
 }
 
 // sums[ids[e]] += values[e] for every edge e, each row's edges in ascending order. With
@@ -176,44 +232,21 @@ void AddSegments(OpKernelContext* context, const Tensor& values, const Tensor& s
   const int32_t* ids = segment_ids.flat<int32_t>().data();
   const float* vp = values.flat<float>().data();
   float* sp = sums->flat<float>().data();
-  const int64 blocks = (segments + kBlockSegments - 1) / kBlockSegments;
-  auto* workers = context->device()->tensorflow_cpu_worker_threads();
-  if (workers->num_threads == 1 || blocks == 1) {
+  const int64 parts = Parts(context, segments);
+  if (parts == 1) {
     // One thread: TensorFlow's own loop, the values read once in order. Each row gets its
-    // edges in ascending order too, so the sums are those of the blocks below.
+    // edges in ascending order too, so the sums are those of the parts below.
     if (zero_first) std::fill(sp, sp + segments * width, 0.f);
     AddInOrder(vp, ids, edges, width, sp);
     return;
   }
-
-  // CSR offsets: the edges of segment s are order[offsets[s]:offsets[s + 1]], ascending.
-  std::vector<int64> offsets(segments + 1, 0);
-  for (int64 e = 0; e < edges; ++e) ++offsets[ids[e] + 1];
-  for (int64 s = 0; s < segments; ++s) offsets[s + 1] += offsets[s];
-  std::vector<int64> next(offsets.begin(), offsets.end() - 1);
-  std::vector<int64> order(edges);
-  for (int64 e = 0; e < edges; ++e) order[next[ids[e]]++] = e;
-
-  // A block's rows written plus, on average, its edges' rows read.
-  const int64 cost_per_block =
-      (kBlockSegments + edges * kBlockSegments / segments) * width * kCyclesPerFloat;
-  ::tensorflow::Shard(
-      workers->num_threads, workers->workers, blocks, cost_per_block,
-      [&](int64 begin, int64 end) {
-        const int64 last = std::min(segments, end * kBlockSegments);
-        const int64 last_edge = offsets[last];
-        for (int64 s = begin * kBlockSegments; s < last; ++s) {
-          float* out = sp + s * width;
-          // zeros first, as TensorFlow's: -0.0 sums to +0.0
-          if (zero_first) std::fill(out, out + width, 0.f);
-          for (int64 k = offsets[s]; k < offsets[s + 1]; ++k) {
-            if (k + kPrefetchRows < last_edge) {
-              Prefetch(vp + order[k + kPrefetchRows] * width, width);
-            }
-            AddRow(vp + order[k] * width, out, width);
-          }
-        }
-      });
+  // A part's rows: its edges' rows read and added, about edges / parts of them.
+  ForEachPart(context, BalancedCuts(ids, edges, segments, parts),
+              edges / parts * width * kCyclesPerFloat, [&](int64 first, int64 end) {
+                // zeros first, as TensorFlow's: -0.0 sums to +0.0
+                if (zero_first) std::fill(sp + first * width, sp + end * width, 0.f);
+                AddInRange(vp, ids, edges, width, first, end, sp);
+              });
 }
 
 }  // namespace

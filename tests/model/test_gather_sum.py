@@ -167,21 +167,22 @@ print(hashlib.sha256(out.numpy().tobytes() + mask.numpy().tobytes()).hexdigest()
 """
 
 
-def _digests_at_1_and_2_threads(program: str) -> list[list[str]]:
-    """The digests ``program`` prints, run in a fresh process at 1 and at 2 intra-op threads."""
+def _digests_at_1_2_and_3_threads(program: str) -> list[list[str]]:
+    """The digests ``program`` prints, run in a fresh process at 1, 2 and 3 intra-op threads
+    (the kernels' parts: one, two, and an odd number of ranges)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     return [
         subprocess.run(
             [sys.executable, "-c", program, str(threads)],
             capture_output=True, text=True, check=True, env=env, timeout=HANG_S,
         ).stdout.split()[-2:]
-        for threads in (1, 2)
+        for threads in (1, 2, 3)
     ]  # fmt: skip
 
 
-def test_the_kernel_gives_the_same_bits_at_one_and_two_threads():
-    one, two = _digests_at_1_and_2_threads(THREADS_PROGRAM)
-    assert one[-1] == two[-1]
+def test_the_kernel_gives_the_same_bits_at_one_two_and_three_threads():
+    one, two, three = _digests_at_1_2_and_3_threads(THREADS_PROGRAM)
+    assert one[-1] == two[-1] == three[-1]
 
 
 GRAD_PROGRAM = """
@@ -217,11 +218,11 @@ for relu in (True, False):
 """
 
 
-def test_the_gradient_kernel_is_relugrad_and_two_segment_sums_bit_for_bit_at_1_and_2_threads():
+def test_the_gradient_kernel_is_relugrad_and_two_segment_sums_bit_for_bit_at_1_2_3_threads():
     # TensorFlow's one-thread sums are the reference (its own kernel's order of addition): run
     # each thread count in a fresh process, each compared with the ops, and with each other.
-    one, two = _digests_at_1_and_2_threads(GRAD_PROGRAM)
-    assert one == two and len(one) == 2  # relu and not
+    one, two, three = _digests_at_1_2_and_3_threads(GRAD_PROGRAM)
+    assert one == two == three and len(one) == 2  # relu and not
 
 
 def test_the_gradient_kernel_by_hand_and_its_errors(kernels):

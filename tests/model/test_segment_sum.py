@@ -108,26 +108,34 @@ values = tf.constant(rng.standard_normal((100000, 64)) * np.exp(rng.uniform(-7, 
 ids = tf.constant(rng.integers(0, 11000, 100000), tf.int32)  # 12,000 nodes, 1,000 unreached
 start = tf.constant(rng.standard_normal((12000, 64)), tf.float32)
 added = fused_kernels().hvdtrack_segment_add(start, values, ids)
+# most edges in 40 rows, a few in the last: threads' ranges of very different lengths, some empty
+skewed = tf.constant(np.where(rng.random(100000) < 0.999, rng.integers(0, 40, 100000), 11999),
+                     tf.int32)
 for sums in (fused_kernels().hvdtrack_segment_sum(values, ids, 12000),
-             tf.math.unsorted_segment_sum(values, ids, 12000), added):
+             tf.math.unsorted_segment_sum(values, ids, 12000), added,
+             fused_kernels().hvdtrack_segment_sum(values, skewed, 12000),
+             tf.math.unsorted_segment_sum(values, skewed, 12000)):
     print(hashlib.sha256(sums.numpy().tobytes()).hexdigest())
 """
 
 
-def test_the_kernel_at_one_and_two_threads_equals_tensorflows_one_thread_kernel():
+def test_the_kernel_at_one_two_and_three_threads_equals_tensorflows_one_thread_kernel():
     """Exact resumes need the same sums at any thread count; TensorFlow's kernel adds each
     segment's rows in edge order on one thread, as ours does on any."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     digests = {}
-    for threads in (1, 2):
+    for threads in (1, 2, 3):  # the kernel's parts: one, two, and an odd number of ranges
         done = subprocess.run(
             [sys.executable, "-c", THREADS_PROGRAM, str(threads)],
             capture_output=True, text=True, check=True, env=env, timeout=HANG_S,
         )  # fmt: skip
-        digests[threads] = done.stdout.split()[-3:]  # ours, TensorFlow's, ours added
-    assert digests[1][0] == digests[1][1]
-    assert digests[2][0] == digests[1][0]
-    assert digests[2][2] == digests[1][2]  # HvdtrackSegmentAdd too
+        # ours, TensorFlow's, ours added; ours and TensorFlow's on the skewed ids
+        digests[threads] = done.stdout.split()[-5:]
+    assert digests[1][0] == digests[1][1] and digests[1][3] == digests[1][4]
+    for threads in (2, 3):
+        assert digests[threads][0] == digests[1][0]
+        assert digests[threads][2] == digests[1][2]  # HvdtrackSegmentAdd too
+        assert digests[threads][3] == digests[1][3]
 
 
 def test_segment_add_adds_each_rows_edges_in_order_onto_the_old_value(kernels):
