@@ -3,7 +3,7 @@
 construct    graph construction time for a full-size event (numpy, one core)
 read         TFRecord read throughput of the training pipeline (graphs/s, edges/s)
 model        the Trainer's training step: time, share of the matmul rate, op breakdown, memory
-kernels      the kernel library's fused kernels against the ops they replaced, called in turn
+kernels      the kernel library's kernels against the ops they replaced, called in turn
 ceiling      the step alone and once per core at the same time: what 2 ranks can reach here
 distributed  strong-scaling efficiency of horovodrun -np 2 vs -np 1, Horovod's overhead, the model at N=2
 stages       pipeline parallelism in stages: time per mini-batch for S stages x M micro-batches, idle fraction vs GPipe
