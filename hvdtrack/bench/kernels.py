@@ -26,9 +26,10 @@ The two sides are called in turn, one call each, ``--calls`` times (after a warm
 side goes first alternates), so that their ratio, taken call pair by call pair, holds while
 this machine's speed drifts; the figures are the minimum and median of each side's calls and
 the median of the ratios (with its quartiles). A call's time is its compiled function's, its
-result fetched: what a step pays for it, not an op's own time in a profile. The process runs with training's settings
-(``entry.TRAINING``: TensorFlow's oneDNN kernels off unless ``TF_ENABLE_ONEDNN_OPTS`` is set;
-inter-op threads as a rank's, ``distributed.cores``), as the step does. Only the forward
+result fetched: what a step pays for it, not an op's own time in a profile. The process runs
+with training's settings (``entry.TRAINING``: TensorFlow's oneDNN kernels off unless
+``TF_ENABLE_ONEDNN_OPTS`` is set; inter-op threads as a rank's, ``distributed.cores``), as the
+step does. Only the forward
 passes are timed (and x^T @ d and the gather-sum's gradient, themselves backward passes).
 """
 

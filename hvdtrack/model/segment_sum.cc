@@ -13,8 +13,9 @@
 // straight into their rows, as TensorFlow's kernel does, which gives every row the same
 // additions in the same order. So the result is the same at any thread count and bit-identical
 // to TensorFlow's one-thread kernel (tests/model/test_segment_sum.py). An earlier version
-// counting-sorted the ids into CSR offsets and read each row's edges out of memory order; on
-// two threads it was no faster than one (docs/performance.md, 2026-12-01).
+// counting-sorted the ids into CSR offsets and read each row's edges out of memory order: at
+// 400,000 edges on two threads it took about a fifth more time (docs/performance.md,
+// 2026-12-01).
 //
 //   HvdtrackSegmentAdd(sums [N, W], values [E, W], segment_ids int32 [E]) -> [N, W]
 //       sums with the same edges' rows added (sums + HvdtrackSegmentSum(values, ...)), in
@@ -48,16 +49,18 @@
 
 namespace hvdtrack {
 
-// Segments a thread's range holds at least: 256 rows of 64 floats (64 KiB of output, about
-// 2,000 edges at the model's 8 per node) amortise the scheduling and the scan of all ids. Only
-// the split of the work depends on it, never a value.
+// Segments per thread at least, on average (ranges are cut by edges, so one may hold fewer):
+// 256 rows of 64 floats (64 KiB of output, about 2,000 edges at the model's 8 per node)
+// amortise the scheduling and the scan of all ids. Only the split of the work depends on it,
+// never a value.
 constexpr int64 kBlockSegments = 256;
 // Shard's cost unit is about a CPU cycle: one float loaded, added and stored per edge column,
-// rounded up because a range's edge rows are read out of memory order.
+// rounded up because the sums' rows are written out of memory order (and a range's edge rows
+// read with gaps).
 constexpr int64 kCyclesPerFloat = 4;
-// A range's edges lie anywhere in values, and an edge's segment rows anywhere in the sums: each
-// is requested this many edges ahead, so that the loads overlap (the gradient kernel's pass at
-// 160,000 edges: 62 ms a step instead of 116 on one thread).
+// An edge's segment rows lie anywhere in the sums, and a range's edges anywhere in values: each
+// is requested this many edges ahead, so that the loads overlap (measured on the gradient
+// kernel's one-thread pass at 160,000 edges: 62 ms a step instead of 116).
 constexpr int64 kPrefetchRows = 8;
 
 REGISTER_OP("HvdtrackSegmentSum")
@@ -188,7 +191,7 @@ std::vector<int64> BalancedCuts(const int32_t* ids, int64 edges, int64 segments,
   return cuts;
 }
 
-// Runs part(p, first, end) for the parts of BalancedCuts on TensorFlow's intra-op threads.
+// Runs part(first, end) for each range [cuts[p], cuts[p + 1]) on TensorFlow's intra-op threads.
 template <typename Part>
 void ForEachPart(OpKernelContext* context, const std::vector<int64>& cuts, int64 cost,
                  const Part& part) {
@@ -216,7 +219,7 @@ void AddInRange(const float* vp, const int32_t* ids, int64 edges, int64 width, i
   }
 }
 
-// The threads' parts: one per thread (none below kBlockSegments segments each), at least one.
+// The threads' parts: one per thread, at most one per kBlockSegments segments, at least one.
 int64 Parts(OpKernelContext* context, int64 segments) {
   const int64 threads = context->device()->tensorflow_cpu_worker_threads()->num_threads;
   return std::max<int64>(1, std::min(threads, segments / kBlockSegments));
@@ -240,9 +243,10 @@ void AddSegments(OpKernelContext* context, const Tensor& values, const Tensor& s
     AddInOrder(vp, ids, edges, width, sp);
     return;
   }
-  // A part's rows: its edges' rows read and added, about edges / parts of them.
-  ForEachPart(context, BalancedCuts(ids, edges, segments, parts),
-              edges / parts * width * kCyclesPerFloat, [&](int64 first, int64 end) {
+  // A part's cost: its rows zeroed, about edges / parts rows read and added, all ids scanned.
+  const int64 cost = (edges + segments) / parts * width * kCyclesPerFloat + edges;
+  ForEachPart(context, BalancedCuts(ids, edges, segments, parts), cost,
+              [&](int64 first, int64 end) {
                 // zeros first, as TensorFlow's: -0.0 sums to +0.0
                 if (zero_first) std::fill(sp + first * width, sp + end * width, 0.f);
                 AddInRange(vp, ids, edges, width, first, end, sp);
@@ -366,7 +370,7 @@ class GatherSumGradOp : public OpKernel {
     float* gp = grad->flat<float>().data();
     const bool relu = relu_;
     auto* workers = context->device()->tensorflow_cpu_worker_threads();
-    if (workers->num_threads == 1 || nodes <= kBlockSegments) {
+    if (Parts(context, nodes) == 1) {
       // One pass: each edge's row masked, then added into its receiver's and sender's rows,
       // in ascending edge order (HvdtrackSegmentSum's order).
       float* rp = receiver_sums->flat<float>().data();

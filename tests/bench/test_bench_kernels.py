@@ -1,4 +1,4 @@
-"""The kernels bench times each fused kernel and what it replaced in turn, from the command line."""
+"""The kernels bench times each kernel and what it replaced in turn, from the command line."""
 
 from __future__ import annotations
 

@@ -169,7 +169,7 @@ print(hashlib.sha256(out.numpy().tobytes() + mask.numpy().tobytes()).hexdigest()
 
 def _digests_at_1_2_and_3_threads(program: str) -> list[list[str]]:
     """The digests ``program`` prints, run in a fresh process at 1, 2 and 3 intra-op threads
-    (the kernels' parts: one, two, and an odd number of ranges)."""
+    (3: the gradient kernel's sums by ranges of rows, an odd number of them)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     return [
         subprocess.run(
