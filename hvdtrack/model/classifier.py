@@ -21,7 +21,10 @@ call, Sonnet style, with stable names ``<name>/{node_encoder,edge_encoder,edge_u
 node_update,edge_output}/...``.
 
 ``SegmentClassifier.encode`` and ``.core_step`` are the forward pass's parts (the
-stages of ``hvdtrack.distributed.stages`` call them).
+stages of ``hvdtrack.distributed.stages`` call them). They take the edges in
+``model.edge_parts`` runs of consecutive edges (``segments.split_edges``): each step's edge
+update and head run on each run as its own chain of ops, which two inter-op threads run side
+by side.
 
 Public symbols: ``SegmentClassifier``, ``FactorizedEdgeUpdate``, ``segment_sum``,
 ``MODULE_NAMES``.
@@ -50,7 +53,7 @@ from hvdtrack.model.mlp import (
 )
 from hvdtrack.model.norm import LayerNorm, NormOutput
 from hvdtrack.model.recompute import StepParts, recomputed_rows, recomputed_steps
-from hvdtrack.model.segments import NodeGradients, gather_sum, segment_sum
+from hvdtrack.model.segments import NodeGradients, gather_sum, segment_sum, split_edges
 
 # The sub-modules holding variables, in data-flow order; variable names start with these.
 MODULE_NAMES = ("node_encoder", "edge_encoder", "edge_update", "node_update", "edge_output")
@@ -185,11 +188,16 @@ class SegmentClassifier(snt.Module):
         the edge update that every step shares (``FactorizedEdgeUpdate.encoded_terms`` with
         ``factorized_edge_update``, else ``()``).
 
+        The encoded graphs' edges, senders and receivers are tuples of ``config.edge_parts``
+        runs of consecutive edges (``split_edges``), the edge terms too: ``core_step`` runs
+        each run's edge update and head as its own chain of ops.
+
         ``__call__`` is ``encode`` then ``core_step`` ``num_message_passing_steps`` times, the
         latent starting as the encoded graphs; ``hvdtrack.distributed.stages`` runs the same calls
         split over devices. No precision cast and no variable creation happen here.
         """
-        encoded = self._edge_encoder(self._node_encoder(graphs))
+        encoded = split_edges(self._node_encoder(graphs), self._config.edge_parts)
+        encoded = encoded.replace(edges=tuple(self._edge_encoder.rows(e) for e in encoded.edges))
         factorized = self._config.factorized_edge_update
         return encoded, tuple(self._edge_update.encoded_terms(encoded)) if factorized else ()
 
@@ -200,8 +208,8 @@ class SegmentClassifier(snt.Module):
         """One message-passing step (the shared core) and, if ``output``, its edge logits.
 
         Args:
-          latent: the current latents (nodes [N, L_n], edges [E, L_e]) with the batch's
-            senders, receivers and counts.
+          latent: the current latents (nodes [N, L_n], edges: runs of [E_i, L_e]) with the
+            batch's senders and receivers in the same runs, and its counts.
           encoded: the first element of ``encode``'s result for the same batch.
           invariant: the second element of ``encode``'s result.
           output: apply the output head.
@@ -209,36 +217,56 @@ class SegmentClassifier(snt.Module):
             wait for their gradient: ``head.lean_head``).
 
         Returns:
-          The updated latents, and the step's edge logits [E] (None without ``output``).
+          The updated latents (edges in the same runs), and the step's edge logits [E] (None
+          without ``output``).
         """
-        if self._config.factorized_edge_update:
-            edges = self._edge_update(latent, invariant)
+        config, count = self._config, tf.shape(latent.nodes)[0]
+        if config.factorized_edge_update:
+            edge_terms, *node_invariant = invariant
+            receiver, sender = self._edge_update.node_terms(latent.nodes, node_invariant)
         else:
             core_nodes = tf.concat([encoded.nodes, latent.nodes], axis=-1)
-            both = tf.concat([encoded.edges, latent.edges], axis=-1)
-            edges = self._edge_update(latent.replace(nodes=core_nodes, edges=both)).edges
         # The node update reads blocks.NodeBlock's [received, sent, encoded nodes, nodes], as
-        # parts; with the lean head, the sums come from it (their gradients join its own).
-        count = tf.shape(latent.nodes)[0]
-        config, head, logits, sums = self._config, self._edge_output.model, None, None
-        if output and is_lean(config, edges.dtype):
-            hidden, out = head.layers
-            w1, b1 = hidden.weights(edges)
-            w2, b2 = out.weights(tf.zeros([0, w1.shape[-1]]))
-            if last:
-                passed, logits = lean_head(edges, w1, b1, w2, b2, wait=False)
+        # parts. Each run's rows are added onto the sums of the runs before it, in edge order:
+        # the sums have the bits of one pass over all the edges, wherever the runs are cut.
+        # With the lean head the sums come from it (their gradients join its own).
+        passed, logits, sums, weights = [], [], None, None
+        for i, (receivers, senders) in enumerate(zip(latent.receivers, latent.senders)):
+            if config.factorized_edge_update:
+                edges = self._edge_update.rows(
+                    latent.edges[i], edge_terms[i], receiver, sender, receivers, senders
+                )
             else:
-                ids = (latent.receivers, latent.senders, count)
-                passed, logits, *sums = lean_head(edges, w1, b1, w2, b2, True, ids)
-        elif output:
-            passed, logits = edges, self._edge_output(latent.replace(edges=edges)).edges
-        else:
-            passed = edges
-        if sums is None:
-            sums = [segment_sum(edges, ids, count) for ids in (latent.receivers, latent.senders)]
+                both = tf.concat([encoded.edges[i], latent.edges[i]], axis=-1)
+                run = latent.replace(
+                    nodes=core_nodes, edges=both, receivers=receivers, senders=senders
+                )
+                edges = self._edge_update(run).edges
+            lean = output and is_lean(config, edges.dtype)
+            if lean and weights is None:
+                hidden, out = self._edge_output.model.layers
+                w1, b1 = hidden.weights(edges)
+                weights = (w1, b1, *out.weights(tf.zeros([0, w1.shape[-1]])))
+            if lean and not last:
+                ids = (receivers, senders, count)
+                edges_out, run_logits, *sums = lean_head(edges, *weights, True, ids, sums)
+            else:
+                edges_out, run_logits = edges, None
+                if lean:  # no later step reads the latents
+                    edges_out, run_logits = lean_head(edges, *weights, wait=False)
+                elif output:
+                    run_logits = self._edge_output.rows(edges)
+                sums = [
+                    segment_sum(edges, ids, count, onto=before)
+                    for ids, before in zip((receivers, senders), sums or (None, None))
+                ]
+            passed.append(edges_out)
+            logits.append(run_logits)
         nodes = self._node_update.rows(*sums, encoded.nodes, latent.nodes)
-        updated = latent.replace(nodes=nodes, edges=passed)
-        return updated, None if logits is None else tf.squeeze(logits, axis=-1)
+        updated = latent.replace(nodes=nodes, edges=tuple(passed))
+        if not output:
+            return updated, None
+        return updated, tf.squeeze(tf.concat(logits, axis=0) if len(logits) > 1 else logits[0], -1)
 
     def _forward(self, graphs: GraphsTuple, recompute: bool) -> list[tf.Tensor]:
         if recompute:
@@ -368,18 +396,22 @@ class FactorizedEdgeUpdate(snt.Module):
         parts = tf.split(w, list(rows.values()), axis=0)
         return dict(zip(rows, parts), b=first.b)
 
-    def encoded_terms(self, encoded: GraphsTuple) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    def encoded_terms(self, encoded: GraphsTuple) -> tuple[tuple, tf.Tensor, tf.Tensor]:
         """The step-independent terms of the first layer.
 
         Args:
-          encoded: the encoders' output: nodes [N, L_n], edges [E, L_e].
+          encoded: the encoders' output: nodes [N, L_n], edges in runs [E_i, L_e]
+            (``SegmentClassifier.encode``).
 
         Returns:
-          edge_term: float32 [E, H], ``e_enc @ W_e_enc + b`` (``edge_term``).
+          edge_terms: float32 [E_i, H] per run, ``e_enc @ W_e_enc + b`` (``edge_term``).
           receiver_term, sender_term: float32 [N, H], ``x_enc @ W_r_enc`` and ``x_enc @ W_s_enc``
           (``node_invariant``).
         """
-        return (self.edge_term(encoded.edges), *self.node_invariant(encoded.nodes))
+        return (
+            tuple(self.edge_term(e) for e in encoded.edges),
+            *self.node_invariant(encoded.nodes),
+        )
 
     def edge_term(self, encoded_edges: tf.Tensor) -> tf.Tensor:
         """``e_enc @ W_e_enc + b`` [rows, H], for any rows of the encoded edges.
@@ -439,16 +471,6 @@ class FactorizedEdgeUpdate(snt.Module):
             h = linear_freeing_input(h, *layer.weights(h)) if i == 2 else layer(h)
             h = self._activation(h)
         return h if self._norm is None else self._norm(h)
-
-    def __call__(
-        self, latent: GraphsTuple, encoded_terms: tuple[tf.Tensor, tf.Tensor, tf.Tensor]
-    ) -> tf.Tensor:
-        """New edge latents, float32 [E, L_e], from the current latents and ``encoded_terms``."""
-        edge_term, *invariant = encoded_terms
-        receiver, sender = self.node_terms(latent.nodes, invariant)
-        return self.rows(
-            latent.edges, edge_term, receiver, sender, latent.receivers, latent.senders
-        )
 
 
 def _check_config(config: object, who: str) -> None:

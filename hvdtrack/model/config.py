@@ -18,6 +18,7 @@ PRECISIONS = ("float32", "bfloat16", "float16")
 MAX_LAYER_WIDTH = 16384
 MAX_LAYERS = 64
 MAX_MESSAGE_PASSING_STEPS = 128
+MAX_EDGE_PARTS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,12 +74,21 @@ class ModelConfig:
       offload: with ``recompute``, keep the step boundaries in host memory between the forward
         and the backward pass (a GPU's memory then holds one step); on a CPU host memory is
         where they are, and this changes nothing.
+      edge_parts: the plain forward pass (without ``recompute``) splits the edges into this
+        many runs of consecutive edges and runs each step's edge update and head on each run
+        as its own chain of ops; only the node update joins them (its sums are the runs' sums
+        added). With two inter-op threads two chains' ops run at once, each on about one core,
+        as the products of the matmul reference do, where one op split over two cores gains
+        little for the passes over memory (docs/performance.md, "The edges in two runs").
+        The results depend on ``edge_parts`` (the sums' order), not on the threads. The
+        recomputed step runs its chunks two at a time instead (``chunks.chunk_loop``).
       precision: compute dtype of the model: "float32", "bfloat16" (CPUs with AVX512-BF16 or
         AMX, and GPUs) or "float16" (GPUs; the trainer scales the loss). Variables, gradients,
         optimizer and the returned logits stay float32; layer norm statistics are float32.
 
     Bounds: at most ``MAX_LAYERS`` (64) sizes per MLP, each at most ``MAX_LAYER_WIDTH``
-    (16384), and at most ``MAX_MESSAGE_PASSING_STEPS`` (128) steps. ``hvdtrack train`` also
+    (16384), at most ``MAX_MESSAGE_PASSING_STEPS`` (128) steps and ``MAX_EDGE_PARTS`` (64)
+    runs of edges. ``hvdtrack train`` also
     refuses a model whose weights and optimizer state do not fit the machine's memory
     (``hvdtrack.distributed.launch.check_memory``).
     """
@@ -98,6 +108,7 @@ class ModelConfig:
     boundary_every: int = 1
     keep_edge_term: bool | Literal["auto"] = "auto"
     offload: bool = False
+    edge_parts: int = 2
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
 
     def __post_init__(self) -> None:
@@ -159,6 +170,12 @@ class ModelConfig:
             isinstance(every, int) and not isinstance(every, bool) and every >= 1,
             "boundary_every",
             f"must be an integer >= 1, got {every!r}",
+        )
+        parts = self.edge_parts
+        check(
+            isinstance(parts, int) and not isinstance(parts, bool) and 1 <= parts <= MAX_EDGE_PARTS,
+            "edge_parts",
+            f"must be an integer from 1 to {MAX_EDGE_PARTS}, got {parts!r}",
         )
         check(
             isinstance(self.keep_edge_term, bool) or self.keep_edge_term == "auto",

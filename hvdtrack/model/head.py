@@ -72,6 +72,7 @@ def unpack_bits(bits: tf.Tensor, width: int) -> tf.Tensor:
 def lean_head(
     edges: tf.Tensor, w1: tf.Tensor, b1: tf.Tensor, w2: tf.Tensor, b2: tf.Tensor, wait: bool,
     sums: Optional[tuple[tf.Tensor, tf.Tensor, tf.Tensor]] = None,
+    onto: Optional[tuple[tf.Tensor, tf.Tensor]] = None,
 ) -> tuple[tf.Tensor, ...]:  # fmt: skip
     """The head's logits float32 [E, 1] and the edges passed through (module docstring).
 
@@ -85,6 +86,9 @@ def lean_head(
         latents' gradient is then the later steps', the head's and the sums' (two gathers)
         added in one pass (``segments.gather_sum``) instead of two gathers and two additions,
         each writing an [E, L] tensor.
+      onto: with ``sums``, the sums per receiver and per sender of the edges before these
+        (an earlier run of ``segments.split_edges``): the sums returned are these with this
+        run's rows added, each row's edges in order (``segments.segment_sum``'s ``onto``).
 
     Returns:
       (edges, logits), or with ``sums`` (edges, logits, received, sent): the latents to hand
@@ -100,21 +104,24 @@ def lean_head(
     receivers, senders, count = sums
 
     @tf.custom_gradient
-    def head_and_sums(edges, w1, b1, w2, b2):
+    def head_and_sums(edges, w1, b1, w2, b2, *before):
         logits, backward = _forward(edges, w1, b1, w2, b2)
-        received = segment_sum(edges, receivers, count)
-        sent = segment_sum(edges, senders, count)
+        received, sent = (
+            segment_sum(edges, ids, count, onto=b)
+            for ids, b in zip((receivers, senders), before or (None, None))
+        )
 
         def grad(d_later, d_logits, d_received, d_sent):
             with tf.control_dependencies([d_later]):  # the wait (as _head_passing_edges)
                 d_logits = tf.identity(d_logits)
             d_edges, *weights = backward(d_logits)
             terms = (d_edges, d_later), (d_received, d_sent)
-            return (gather_sum(*terms, receivers, senders, relu=False), *weights)
+            d_before = (d_received, d_sent) if before else ()
+            return (gather_sum(*terms, receivers, senders, relu=False), *weights, *d_before)
 
         return (tf.identity(edges), logits, received, sent), grad
 
-    return head_and_sums(edges, w1, b1, w2, b2)
+    return head_and_sums(edges, w1, b1, w2, b2, *(onto or ()))
 
 
 def _forward(edges, w1, b1, w2, b2):

@@ -8,17 +8,22 @@ pass over the edges). On CPU both run on the kernel library (``segment_sum.cc``,
 ``segment_add`` adds a chunk of edges' sums into an existing [N, width] accumulator (in place
 on CPU), for the backward pass of ``model.recompute``.
 
-Public symbols: ``segment_sum``, ``segment_add``, ``gather_sum``, ``NodeGradients``.
+``split_edges`` cuts a batch's edges into runs of consecutive edges, each its own chain of ops
+in ``SegmentClassifier.core_step`` (``model.edge_parts``).
+
+Public symbols: ``segment_sum``, ``segment_add``, ``gather_sum``, ``NodeGradients``,
+``split_edges``.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
+from graph_nets.graphs import GraphsTuple
 
 from hvdtrack.model.kernels import fused_kernels
 
 
-def segment_sum(values: tf.Tensor, segment_ids: tf.Tensor, num_segments) -> tf.Tensor:
+def segment_sum(values: tf.Tensor, segment_ids: tf.Tensor, num_segments, onto=None) -> tf.Tensor:
     """The sum of the rows of ``values`` per segment id, whose gradient is a plain gather.
 
     On CPU, for float32 [E, width] values and int32 ids, the kernel library's
@@ -32,18 +37,35 @@ def segment_sum(values: tf.Tensor, segment_ids: tf.Tensor, num_segments) -> tf.T
     node indices, so those are wasted (about 5% of a training step; see
     ``hvdtrack.bench.model --breakdown``).
 
+    With ``onto`` (the sums of the edges before these, [N, width]: an earlier run of
+    ``split_edges``) the rows are added onto it (``segment_add``), each row's edges after the
+    earlier ones in ascending order: the runs' sums then have the bits of one sum of all the
+    edges, wherever a batch is cut. Its gradient is the upstream gradient itself.
+
     Args:
       values: float [E, width].
       segment_ids: int32 [E], each in [0, num_segments).
       num_segments: scalar int, N.
+      onto: None, or float [N, width].
 
     Returns:
-      [N, width] in ``values``' dtype, row n the sum of the rows of ``values`` whose id is n.
+      [N, width] in ``values``' dtype, row n the sum of the rows of ``values`` whose id is n
+      (plus ``onto``'s row n).
 
     Raises:
       tf.errors.InvalidArgumentError: an id outside [0, num_segments) (named with its edge).
     """
     values, segment_ids = tf.convert_to_tensor(values), tf.convert_to_tensor(segment_ids)
+    if onto is not None:
+
+        @tf.custom_gradient
+        def _add(onto, values):
+            def grad(upstream):
+                return upstream, tf.gather(upstream, segment_ids)
+
+            return segment_add(onto, values, segment_ids), grad
+
+        return _add(onto, values)
     fused = values.dtype == tf.float32 and values.shape.rank == 2
     kernels = fused_kernels() if fused and segment_ids.dtype == tf.int32 else None
 
@@ -171,3 +193,19 @@ def gather_sum(
         return out, grad
 
     return _sum(a, b, r, s)
+
+
+def split_edges(graphs: GraphsTuple, parts: int) -> GraphsTuple:
+    """``graphs`` with its edges, senders and receivers as tuples of ``parts`` runs of
+    consecutive edges, of E * (i + 1) // parts - E * i // parts edges each (some empty when
+    E < parts): run i's tensors alias the rows of the whole ones (a slice of the first axis),
+    and the runs' results put end to end are in the edges' order."""
+    total = tf.shape(graphs.senders, out_type=tf.int64)[0]
+    cuts = [total * i // parts for i in range(parts + 1)]
+
+    def runs(x: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        return tuple(x[a:b] for a, b in zip(cuts, cuts[1:]))
+
+    return graphs.replace(
+        edges=runs(graphs.edges), senders=runs(graphs.senders), receivers=runs(graphs.receivers)
+    )

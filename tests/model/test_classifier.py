@@ -13,7 +13,7 @@ from hvdtrack.errors import ConfigError
 from hvdtrack.model.classifier import MODULE_NAMES, SegmentClassifier
 from hvdtrack.model.config import ModelConfig
 from hvdtrack.model.kernels import vector_code
-from hvdtrack.model.segments import segment_sum
+from hvdtrack.model.segments import segment_sum, split_edges
 from tests.model.conftest import TINY
 
 
@@ -104,6 +104,51 @@ def test_factorized_edge_update_is_the_same_function_with_the_same_variables(gra
     assert ("HvdtrackLinearNorm" in types) == one_kernel, types
 
 
+def test_split_edges_cuts_consecutive_runs_in_order(graphs):
+    split = split_edges(graphs, 3)  # 7 edges: 7 * i // 3 for i = 0..3 -> 0, 2, 4, 7
+    assert [r.numpy().tolist() for r in split.senders] == [[0, 0], [1, 2], [1, 4, 5]]
+    assert [r.numpy().tolist() for r in split.receivers] == [[1, 2], [2, 0], [1, 5, 6]]
+    np.testing.assert_array_equal(tf.concat(split.edges, 0).numpy(), graphs.edges.numpy())
+    assert split.nodes is graphs.nodes and split.n_edge is graphs.n_edge
+    # more runs than edges: empty runs, none lost
+    assert [len(r) for r in split_edges(graphs, 9).senders] == [0, 1, 1, 1, 0, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [dict(factorized_edge_update=True, layer_norm=True), dict(factorized_edge_update=False),
+     dict(factorized_edge_update=True, output_every_step=False),
+     dict(factorized_edge_update=True, output_head=(3, 2), activation="tanh")],
+)  # fmt: skip
+def test_the_edges_in_runs_give_the_function_of_one_run(graphs, changes):
+    """model.edge_parts: 2 and 3 runs give the logits of 1 bit for bit (each run's node sums
+    added onto the runs' before it), and the gradients up to the order of the weight gradients'
+    sums. 9 runs (two of them empty, the rest of one edge) give the logits up to rounding:
+    TensorFlow's product of one row by a matrix takes another path than that of several."""
+    labels = tf.constant([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
+    models = [
+        SegmentClassifier(dataclasses.replace(TINY, edge_parts=parts, **changes))
+        for parts in (1, 2, 3, 9)
+    ]
+    results = []
+    for model in models:
+        model(graphs)
+        copy_weights(models[0], model)
+        with tf.GradientTape() as tape:
+            logits = model(graphs)
+            loss = tf.add_n([tf.nn.sigmoid_cross_entropy_with_logits(labels, x) for x in logits])
+            loss = tf.reduce_sum(loss)
+        results.append((logits, tape.gradient(loss, model.trainable_variables)))
+    (logits_1, grads_1), *others = results
+    for model, (logits, grads) in zip(models[1:], others):
+        assert len(logits) == len(logits_1) and len(grads) == len(grads_1)
+        for a, b in zip(logits_1, logits) if model.config.edge_parts < 9 else ():
+            assert a.numpy().tobytes() == b.numpy().tobytes()
+        for a, b in zip([*logits_1, *grads_1], [*logits, *grads]):
+            assert a.shape == b.shape
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_messages_reach_both_endpoints(graphs):
     """The node update reads sent edges too: a change on edge 0 (0 -> 1) moves node 0's logits."""
     tf.random.set_seed(1)
@@ -132,6 +177,8 @@ def test_messages_reach_both_endpoints(graphs):
         (dict(node_update=(16,)), r"'node_update' last size \(16\) must equal the node latent"),
         (dict(activation="gelu"), "'activation' must be one of 'relu', 'tanh', 'elu', got 'gelu'"),
         (dict(layer_norm=1), "'layer_norm' must be true or false"),
+        (dict(edge_parts=0), "'edge_parts' must be an integer from 1 to 64, got 0"),
+        (dict(edge_parts=True), "'edge_parts' must be an integer from 1 to 64, got True"),
     ],
 )
 def test_bad_config_values_are_rejected_naming_the_key(changes, message):
