@@ -22,7 +22,7 @@ node_update,edge_output}/...``.
 
 ``SegmentClassifier.encode`` and ``.core_step`` are the forward pass's parts (the
 stages of ``hvdtrack.distributed.stages`` call them). They take the edges in
-``model.edge_parts`` runs of consecutive edges (``segments.split_edges``): each step's edge
+``model.edge_runs`` runs of consecutive edges (``segments.split_edges``): each step's edge
 update and head run on each run as its own chain of ops, which two inter-op threads run side
 by side.
 
@@ -184,19 +184,16 @@ class SegmentClassifier(snt.Module):
         return [tf.cast(x, tf.float32) for x in outputs]
 
     def encode(self, graphs: GraphsTuple) -> tuple[GraphsTuple, tuple]:
-        """The encoders: the encoded graphs (nodes [N, L_n], edges [E, L_e]) and the terms of
-        the edge update that every step shares (``FactorizedEdgeUpdate.encoded_terms`` with
-        ``factorized_edge_update``, else ``()``).
-
-        The encoded graphs' edges, senders and receivers are tuples of ``config.edge_parts``
-        runs of consecutive edges (``split_edges``), the edge terms too: ``core_step`` runs
-        each run's edge update and head as its own chain of ops.
+        """The encoders: the encoded graphs (nodes [N, L_n]; edges, senders and receivers as
+        tuples of ``config.edge_runs`` runs of consecutive edges, ``split_edges``: edges
+        [E_i, L_e]) and the terms of the edge update that every step shares
+        (``FactorizedEdgeUpdate.encoded_terms`` with ``factorized_edge_update``, else ``()``).
 
         ``__call__`` is ``encode`` then ``core_step`` ``num_message_passing_steps`` times, the
         latent starting as the encoded graphs; ``hvdtrack.distributed.stages`` runs the same calls
         split over devices. No precision cast and no variable creation happen here.
         """
-        encoded = split_edges(self._node_encoder(graphs), self._config.edge_parts)
+        encoded = split_edges(self._node_encoder(graphs), self._config.edge_runs)
         encoded = encoded.replace(edges=tuple(self._edge_encoder.rows(e) for e in encoded.edges))
         factorized = self._config.factorized_edge_update
         return encoded, tuple(self._edge_update.encoded_terms(encoded)) if factorized else ()
@@ -223,19 +220,21 @@ class SegmentClassifier(snt.Module):
         config, count = self._config, tf.shape(latent.nodes)[0]
         if config.factorized_edge_update:
             edge_terms, *node_invariant = invariant
-            receiver, sender = self._edge_update.node_terms(latent.nodes, node_invariant)
+            receiver_terms, sender_terms = self._edge_update.node_terms(
+                latent.nodes, node_invariant
+            )
         else:
             core_nodes = tf.concat([encoded.nodes, latent.nodes], axis=-1)
         # The node update reads blocks.NodeBlock's [received, sent, encoded nodes, nodes], as
         # parts. Each run's rows are added onto the sums of the runs before it, in edge order:
-        # the sums have the bits of one pass over all the edges, wherever the runs are cut.
-        # With the lean head the sums come from it (their gradients join its own).
+        # with the kernel library the sums have the bits of one pass over all the edges,
+        # wherever the runs are cut. With the lean head the sums come from it (their
+        # gradients join its own).
         passed, logits, sums, weights = [], [], None, None
         for i, (receivers, senders) in enumerate(zip(latent.receivers, latent.senders)):
             if config.factorized_edge_update:
-                edges = self._edge_update.rows(
-                    latent.edges[i], edge_terms[i], receiver, sender, receivers, senders
-                )
+                terms = (edge_terms[i], receiver_terms, sender_terms)
+                edges = self._edge_update.rows(latent.edges[i], *terms, receivers, senders)
             else:
                 both = tf.concat([encoded.edges[i], latent.edges[i]], axis=-1)
                 run = latent.replace(
@@ -249,7 +248,7 @@ class SegmentClassifier(snt.Module):
                 weights = (w1, b1, *out.weights(tf.zeros([0, w1.shape[-1]])))
             if lean and not last:
                 ids = (receivers, senders, count)
-                edges_out, run_logits, *sums = lean_head(edges, *weights, True, ids, sums)
+                edges_out, run_logits, *sums = lean_head(edges, *weights, True, ids, onto=sums)
             else:
                 edges_out, run_logits = edges, None
                 if lean:  # no later step reads the latents

@@ -18,7 +18,7 @@ PRECISIONS = ("float32", "bfloat16", "float16")
 MAX_LAYER_WIDTH = 16384
 MAX_LAYERS = 64
 MAX_MESSAGE_PASSING_STEPS = 128
-MAX_EDGE_PARTS = 64
+MAX_EDGE_RUNS = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,20 +74,23 @@ class ModelConfig:
       offload: with ``recompute``, keep the step boundaries in host memory between the forward
         and the backward pass (a GPU's memory then holds one step); on a CPU host memory is
         where they are, and this changes nothing.
-      edge_parts: the plain forward pass (without ``recompute``) splits the edges into this
-        many runs of consecutive edges and runs each step's edge update and head on each run
-        as its own chain of ops; only the node update joins them (its sums are the runs' sums
-        added). With two inter-op threads two chains' ops run at once, each on about one core,
-        as the products of the matmul reference do, where one op split over two cores gains
-        little for the passes over memory (docs/performance.md, "The edges in two runs").
-        The results depend on ``edge_parts`` (the sums' order), not on the threads. The
-        recomputed step runs its chunks two at a time instead (``chunks.chunk_loop``).
+      edge_runs: the plain forward pass (without ``recompute``) cuts the edges into this many
+        runs of consecutive edges and runs each step's edge update and head on each run as its
+        own chain of ops; only the node update joins them. With two inter-op threads two
+        chains' ops run at once, where one op alone gains little from a second core when it is
+        a pass over memory (docs/performance.md, "The edges in two runs"). Each run's rows are
+        added onto the earlier runs' node sums in edge order, so in float32 with the kernel
+        library the logits do not depend on ``edge_runs`` (runs of more than one edge:
+        TensorFlow's product of a single row takes another path); the gradients do, in their
+        last bits (the weight gradients are sums over the runs). Neither depends on the
+        threads. The recomputed step runs its chunks two at a time instead
+        (``chunks.chunk_loop``).
       precision: compute dtype of the model: "float32", "bfloat16" (CPUs with AVX512-BF16 or
         AMX, and GPUs) or "float16" (GPUs; the trainer scales the loss). Variables, gradients,
         optimizer and the returned logits stay float32; layer norm statistics are float32.
 
     Bounds: at most ``MAX_LAYERS`` (64) sizes per MLP, each at most ``MAX_LAYER_WIDTH``
-    (16384), at most ``MAX_MESSAGE_PASSING_STEPS`` (128) steps and ``MAX_EDGE_PARTS`` (64)
+    (16384), at most ``MAX_MESSAGE_PASSING_STEPS`` (128) steps and ``MAX_EDGE_RUNS`` (64)
     runs of edges. ``hvdtrack train`` also
     refuses a model whose weights and optimizer state do not fit the machine's memory
     (``hvdtrack.distributed.launch.check_memory``).
@@ -108,7 +111,7 @@ class ModelConfig:
     boundary_every: int = 1
     keep_edge_term: bool | Literal["auto"] = "auto"
     offload: bool = False
-    edge_parts: int = 2
+    edge_runs: int = 2
     precision: Literal["float32", "bfloat16", "float16"] = "float32"
 
     def __post_init__(self) -> None:
@@ -171,11 +174,11 @@ class ModelConfig:
             "boundary_every",
             f"must be an integer >= 1, got {every!r}",
         )
-        parts = self.edge_parts
+        runs = self.edge_runs
         check(
-            isinstance(parts, int) and not isinstance(parts, bool) and 1 <= parts <= MAX_EDGE_PARTS,
-            "edge_parts",
-            f"must be an integer from 1 to {MAX_EDGE_PARTS}, got {parts!r}",
+            isinstance(runs, int) and not isinstance(runs, bool) and 1 <= runs <= MAX_EDGE_RUNS,
+            "edge_runs",
+            f"must be an integer from 1 to {MAX_EDGE_RUNS}, got {runs!r}",
         )
         check(
             isinstance(self.keep_edge_term, bool) or self.keep_edge_term == "auto",

@@ -88,13 +88,16 @@ def lean_head(
         each writing an [E, L] tensor.
       onto: with ``sums``, the sums per receiver and per sender of the edges before these
         (an earlier run of ``segments.split_edges``): the sums returned are these with this
-        run's rows added, each row's edges in order (``segments.segment_sum``'s ``onto``).
+        run's rows added, each row's edges in order (``segments.segment_sum``'s ``onto``:
+        with the kernel library, the bits of one sum over all the runs).
 
     Returns:
       (edges, logits), or with ``sums`` (edges, logits, received, sent): the latents to hand
       to the later steps, the logits, and the sums.
     """
 
+    if onto is not None and sums is None:
+        raise ValueError("lean_head: onto needs sums (the ids the sums are taken by)")
     if not wait:
         if sums is not None:
             raise ValueError("lean_head: sums need wait=True (a later step reads the latents)")

@@ -6,10 +6,10 @@ pass over the edges). On CPU both run on the kernel library (``segment_sum.cc``,
 ``gather_sum.cc``) on TensorFlow's intra-op threads and give the same bits at any thread count.
 
 ``segment_add`` adds a chunk of edges' sums into an existing [N, width] accumulator (in place
-on CPU), for the backward pass of ``model.recompute``.
+on CPU), for the backward pass of ``model.recompute`` and for ``segment_sum``'s ``onto``.
 
 ``split_edges`` cuts a batch's edges into runs of consecutive edges, each its own chain of ops
-in ``SegmentClassifier.core_step`` (``model.edge_parts``).
+in ``SegmentClassifier.core_step`` (``model.edge_runs``).
 
 Public symbols: ``segment_sum``, ``segment_add``, ``gather_sum``, ``NodeGradients``,
 ``split_edges``.
@@ -39,13 +39,14 @@ def segment_sum(values: tf.Tensor, segment_ids: tf.Tensor, num_segments, onto=No
 
     With ``onto`` (the sums of the edges before these, [N, width]: an earlier run of
     ``split_edges``) the rows are added onto it (``segment_add``), each row's edges after the
-    earlier ones in ascending order: the runs' sums then have the bits of one sum of all the
-    edges, wherever a batch is cut. Its gradient is the upstream gradient itself.
+    earlier ones in ascending order. With the kernel library (float32) the runs' sums then
+    have the bits of one sum of all the edges, wherever a batch is cut; elsewhere they are the
+    same sums up to the order of addition. Its gradient is the upstream gradient itself.
 
     Args:
       values: float [E, width].
       segment_ids: int32 [E], each in [0, num_segments).
-      num_segments: scalar int, N.
+      num_segments: scalar int, N (with ``onto``: unused, N is ``onto``'s rows).
       onto: None, or float [N, width].
 
     Returns:
@@ -84,7 +85,8 @@ def segment_sum(values: tf.Tensor, segment_ids: tf.Tensor, num_segments, onto=No
 
 def segment_add(sums: tf.Tensor, values: tf.Tensor, segment_ids: tf.Tensor) -> tf.Tensor:
     """``sums + segment_sum(values, segment_ids, N)`` for an accumulator ``sums`` [N, width],
-    without recording a gradient (it runs inside hand-written backward passes).
+    without recording a gradient (it runs inside hand-written gradients: recompute's backward
+    pass, ``segment_sum``'s ``onto``).
 
     On CPU, for float32, the kernel library's ``HvdtrackSegmentAdd``: it adds the rows into
     ``sums``' own buffer when TensorFlow can hand it over (nothing else reads it), so a loop
@@ -195,17 +197,17 @@ def gather_sum(
     return _sum(a, b, r, s)
 
 
-def split_edges(graphs: GraphsTuple, parts: int) -> GraphsTuple:
-    """``graphs`` with its edges, senders and receivers as tuples of ``parts`` runs of
-    consecutive edges, of E * (i + 1) // parts - E * i // parts edges each (some empty when
-    E < parts): run i's tensors alias the rows of the whole ones (a slice of the first axis),
-    and the runs' results put end to end are in the edges' order."""
+def split_edges(graphs: GraphsTuple, runs: int) -> GraphsTuple:
+    """``graphs`` with its edges, senders and receivers as tuples of ``runs`` runs of
+    consecutive edges (slices of the first axis), of E * (i + 1) // runs - E * i // runs edges
+    each (some empty when E < runs); the runs' results put end to end are in the edges' order.
+    A kernel that refuses an endpoint names the edge by its index within its run."""
     total = tf.shape(graphs.senders, out_type=tf.int64)[0]
-    cuts = [total * i // parts for i in range(parts + 1)]
+    cuts = [total * i // runs for i in range(runs + 1)]
 
-    def runs(x: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    def cut(x: tf.Tensor) -> tuple[tf.Tensor, ...]:
         return tuple(x[a:b] for a, b in zip(cuts, cuts[1:]))
 
     return graphs.replace(
-        edges=runs(graphs.edges), senders=runs(graphs.senders), receivers=runs(graphs.receivers)
+        edges=cut(graphs.edges), senders=cut(graphs.senders), receivers=cut(graphs.receivers)
     )

@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 import tensorflow as tf
+from graph_nets import utils_tf
 
 from hvdtrack import configtools
 from hvdtrack.errors import ConfigError
@@ -114,35 +115,57 @@ def test_split_edges_cuts_consecutive_runs_in_order(graphs):
     assert [len(r) for r in split_edges(graphs, 9).senders] == [0, 1, 1, 1, 0, 1, 1, 1, 1]
 
 
+def hub_graph():
+    """One graph of 6 nodes and 12 edges, 9 of them into node 0 (a sum of 9 rows, which
+    another order of addition would change), edges of features from 1e-2 to 1e2."""
+    rng = np.random.default_rng(11)
+    scale = np.exp(rng.uniform(-4.6, 4.6, (12, 1)))
+    graph = dict(
+        nodes=rng.standard_normal((6, 3)).astype(np.float32),
+        edges=(rng.standard_normal((12, 2)) * scale).astype(np.float32),
+        senders=np.array([1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 1], np.int32),
+        receivers=np.array([0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 3], np.int32),
+        globals=np.zeros(1, np.float32),
+    )
+    return utils_tf.data_dicts_to_graphs_tuple([graph])
+
+
 @pytest.mark.parametrize(
     "changes",
     [dict(factorized_edge_update=True, layer_norm=True), dict(factorized_edge_update=False),
      dict(factorized_edge_update=True, output_every_step=False),
      dict(factorized_edge_update=True, output_head=(3, 2), activation="tanh")],
 )  # fmt: skip
-def test_the_edges_in_runs_give_the_function_of_one_run(graphs, changes):
-    """model.edge_parts: 2 and 3 runs give the logits of 1 bit for bit (each run's node sums
+@pytest.mark.parametrize("hub", [False, True])
+def test_the_edges_in_runs_give_the_function_of_one_run(graphs, changes, hub):
+    """model.edge_runs: 2 and 3 runs give the logits of 1 bit for bit (each run's node sums
     added onto the runs' before it), and the gradients up to the order of the weight gradients'
-    sums. 9 runs (two of them empty, the rest of one edge) give the logits up to rounding:
-    TensorFlow's product of one row by a matrix takes another path than that of several."""
-    labels = tf.constant([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
+    sums. 9 runs (of one or two edges, two of them empty with 7 edges) give the logits up to
+    rounding: TensorFlow's product of one row by a matrix takes another path than that of
+    several. The graph with a hub runs compiled."""
+    graphs = hub_graph() if hub else graphs
+    labels = tf.cast(tf.range(tf.reduce_sum(graphs.n_edge)) % 3 == 0, tf.float32)
     models = [
-        SegmentClassifier(dataclasses.replace(TINY, edge_parts=parts, **changes))
-        for parts in (1, 2, 3, 9)
+        SegmentClassifier(dataclasses.replace(TINY, edge_runs=runs, **changes))
+        for runs in (1, 2, 3, 9)
     ]
     results = []
     for model in models:
         model(graphs)
         copy_weights(models[0], model)
-        with tf.GradientTape() as tape:
-            logits = model(graphs)
-            loss = tf.add_n([tf.nn.sigmoid_cross_entropy_with_logits(labels, x) for x in logits])
-            loss = tf.reduce_sum(loss)
-        results.append((logits, tape.gradient(loss, model.trainable_variables)))
+
+        def run(model=model):
+            with tf.GradientTape() as tape:
+                logits = model(graphs)
+                losses = [tf.nn.sigmoid_cross_entropy_with_logits(labels, x) for x in logits]
+                loss = tf.reduce_sum(tf.add_n(losses))
+            return logits, tape.gradient(loss, model.trainable_variables)
+
+        results.append(tf.function(run)() if hub else run())
     (logits_1, grads_1), *others = results
     for model, (logits, grads) in zip(models[1:], others):
         assert len(logits) == len(logits_1) and len(grads) == len(grads_1)
-        for a, b in zip(logits_1, logits) if model.config.edge_parts < 9 else ():
+        for a, b in zip(logits_1, logits) if model.config.edge_runs < 9 else ():
             assert a.numpy().tobytes() == b.numpy().tobytes()
         for a, b in zip([*logits_1, *grads_1], [*logits, *grads]):
             assert a.shape == b.shape
@@ -177,8 +200,8 @@ def test_messages_reach_both_endpoints(graphs):
         (dict(node_update=(16,)), r"'node_update' last size \(16\) must equal the node latent"),
         (dict(activation="gelu"), "'activation' must be one of 'relu', 'tanh', 'elu', got 'gelu'"),
         (dict(layer_norm=1), "'layer_norm' must be true or false"),
-        (dict(edge_parts=0), "'edge_parts' must be an integer from 1 to 64, got 0"),
-        (dict(edge_parts=True), "'edge_parts' must be an integer from 1 to 64, got True"),
+        (dict(edge_runs=0), "'edge_runs' must be an integer from 1 to 64, got 0"),
+        (dict(edge_runs=True), "'edge_runs' must be an integer from 1 to 64, got True"),
     ],
 )
 def test_bad_config_values_are_rejected_naming_the_key(changes, message):

@@ -137,6 +137,8 @@ def test_the_node_sums_join_the_heads_gradient(implementation, monkeypatch):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="sums need wait=True"):
         lean_head(edges, *weights, wait=False, sums=(receivers, senders, 60))
+    with pytest.raises(ValueError, match="onto needs sums"):
+        lean_head(edges, *weights, wait=True, onto=ours[2:4])
 
 
 @needs_kernels
