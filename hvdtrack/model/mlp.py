@@ -2,8 +2,9 @@
 the bias added by ``tf.nn.bias_add``, so that grappler fuses matmul, bias and ReLU into one
 kernel, and a final ReLU before a layer norm taken into the layer norm (``norm.LayerNorm``).
 
-Public symbols: ``ACTIVATIONS``, ``make_mlp``, ``FusedLinear``, ``FusedMLP``, ``LinearStack``,
-``linear_freeing_input``, ``linear_norm``, ``kept_for``, ``weight_gradient``, ``dense``.
+Public symbols: ``ACTIVATIONS``, ``make_mlp``, ``NormedMLP``, ``FusedLinear``, ``FusedMLP``,
+``LinearStack``, ``linear_freeing_input``, ``linear_norm``, ``kept_for``, ``weight_gradient``,
+``dense``.
 """
 
 from __future__ import annotations
@@ -43,7 +44,29 @@ def make_mlp(
     )
     if not with_layer_norm:
         return mlp
-    return snt.Sequential([mlp, LayerNorm(relu=relu_in_norm)])
+    if relu_in_norm:
+        return NormedMLP(mlp, LayerNorm(relu=True))
+    return snt.Sequential([mlp, LayerNorm()])
+
+
+class NormedMLP(snt.Sequential):
+    """``snt.Sequential([mlp, norm])`` (the same checkpoint keys) whose last layer and norm run
+    as ``linear_norm``: the norm's gradient kernel also sums the last product's gradient per
+    column, which is its bias's, so no ``BiasAddGrad`` reads [rows, width] again, and with
+    vector code the forward pass is one ``HvdtrackLinearNorm``. Where ``FusedMLP`` takes the
+    last layer together with the first (``_narrow_layers``: the encoders), it runs as the
+    sequence it is. The same values as the sequence, to float rounding (the product's sums
+    are the kernel's)."""
+
+    def __init__(self, mlp: FusedMLP, norm: LayerNorm):
+        super().__init__([mlp, norm])
+
+    def __call__(self, inputs) -> tf.Tensor:
+        mlp, norm = self._layers
+        hidden = mlp.hidden(inputs)
+        if hidden is None:
+            return norm(mlp(inputs))
+        return linear_norm(hidden, *mlp.layers[-1].weights(hidden), norm)
 
 
 class FusedLinear(snt.Linear):
@@ -105,13 +128,32 @@ class FusedMLP(snt.nets.MLP):
         """
         if is_training is not None:
             raise ValueError("FusedMLP has no dropout: is_training must be None")
+        return self._run(inputs, len(self._layers))
+
+    def hidden(self, inputs) -> tf.Tensor | None:
+        """The activated input of the last layer (``__call__``'s layers but the last), or None
+        where the first two layers run as one (``_narrow_layers``) and the last is the second.
+        """
+        count = len(self._layers)
+        if count < 2 or (count == 2 and self._narrow(inputs)):
+            return None
+        return self._run(inputs, count - 1)
+
+    def _narrow(self, inputs) -> bool:
+        """Whether the first two layers run as one (``_narrow_layers``)."""
+        parts = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        width = parts[0].shape[-1] if len(parts) == 1 else None
+        relu = self._activation is tf.nn.relu
+        return relu and len(self._layers) > 1 and width is not None and width <= NARROW_INPUT
+
+    def _run(self, inputs, stop: int) -> tf.Tensor:
+        """The first ``stop`` layers on ``inputs``; a layer before the last is activated."""
         parts = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
         relu = self._activation is tf.nn.relu
         count = len(self._layers)
         first, start = self._layers[0], 1
         x = parts[0] if len(parts) == 1 else None
-        width = None if x is None else x.shape[-1]
-        if relu and count > 1 and width is not None and width <= NARROW_INPUT:
+        if self._narrow(inputs):
             second = self._layers[1].weights(tf.zeros([0, first.output_size], x.dtype))
             x = _narrow_layers(x, *first.weights(x), *second)
             if count > 2 or self._activate_final:
@@ -122,7 +164,7 @@ class FusedMLP(snt.nets.MLP):
         else:
             x = x if x is not None else tf.concat(parts, axis=-1)
             x = self._layer(first, x, count > 1 or self._activate_final)
-        for i in range(start, count):
+        for i in range(start, stop):
             x = self._layer(self._layers[i], x, i < count - 1 or self._activate_final)
         return x
 

@@ -7,11 +7,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import sonnet as snt
 import tensorflow as tf
 
 from hvdtrack.model import mlp as mlp_module
+from hvdtrack.model.config import ModelConfig
 from hvdtrack.model.kernels import plain_ops, vector_code
-from hvdtrack.model.mlp import NARROW_INPUT, FusedMLP, linear_freeing_input, linear_norm
+from hvdtrack.model.mlp import (
+    NARROW_INPUT,
+    FusedMLP,
+    NormedMLP,
+    linear_freeing_input,
+    linear_norm,
+    make_mlp,
+)
 from hvdtrack.model.norm import LayerNorm, NormOutput
 
 
@@ -217,3 +226,61 @@ def test_linear_norm_from_a_kept_output_gives_tensorflows_gradients(given_back, 
         lambda p: linear_norm(*p, norm, kept=kept), [x, w, b], variables, upstream
     )
     _assert_close(ours, _tensorflows_linear_norm(x, w, b, upstream, norm))
+
+
+@pytest.mark.parametrize("widths", [(3, 2, 4), (NARROW_INPUT + 1,), (3,)])
+def test_make_mlp_with_a_norm_gives_tensorflows_values_and_gradients(widths):
+    # the node update's parts, an edge update's wide input, an encoder's narrow one (whose two
+    # layers run as one: the sequence as it is)
+    rng = np.random.default_rng(8)
+    parts = [tf.constant(rng.standard_normal((40, w)), tf.float32) for w in widths]
+    config = ModelConfig()
+    model = make_mlp((32, 16), config, with_layer_norm=True, activate_final=True)
+    assert isinstance(model, NormedMLP)
+
+    def ours(p):
+        return model(tuple(p) if len(p) > 1 else p[0])
+
+    ours(parts)  # variables created
+    mlp, norm = model._layers  # (snt.Sequential has no public list)
+    norm.scale.assign(1 + rng.random(16)), norm.offset.assign(rng.random(16))
+
+    def theirs(p):
+        with plain_ops():
+            return norm(tf.nn.relu(_reference(mlp, tf.concat(p, axis=-1))))
+
+    upstream = tf.constant(rng.standard_normal((40, 16)), tf.float32)
+    variables = model.trainable_variables
+    mine = _values_and_gradients(ours, parts, variables, upstream)
+    want = _values_and_gradients(theirs, parts, variables, upstream)
+    assert len(mine) == len(want) == 1 + len(parts) + 6
+    for a, c in zip(mine, want):
+        scale = max(1.0, np.abs(c.numpy()).max())
+        np.testing.assert_allclose(a.numpy(), c.numpy(), rtol=0, atol=1e-5 * scale)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            tape.watch(parts)
+            total = tf.reduce_sum(ours(parts) ** 2)
+        return tape.gradient(total, [*parts, *variables])
+
+    types = [op.type for op in step.get_concrete_function().graph.get_operations()]
+    # the last layer's bias gradient from the norm's gradient kernel, except where the first
+    # two layers run as one (the narrow input)
+    narrow = len(widths) == 1 and widths[0] <= NARROW_INPUT
+    assert types.count("BiasAddGrad") == (2 if narrow else 1), types
+    assert types.count("HvdtrackLayerNormGrad") == 1
+
+
+def test_make_mlp_with_a_norm_keeps_the_sequences_checkpoint_keys(tmp_path):
+    config = ModelConfig()
+    x = tf.ones([2, NARROW_INPUT + 1])
+    ours = make_mlp((8, 4), config, with_layer_norm=True, activate_final=True)
+    theirs = snt.Sequential([FusedMLP([8, 4], tf.nn.relu, False), LayerNorm(relu=True)])
+    ours(x), theirs(x)
+    path = tf.train.Checkpoint(model=theirs).write(str(tmp_path / "sequence"))
+    keys = sorted(name for name, _ in tf.train.list_variables(path))
+    assert any("_layers/1" in k for k in keys)  # the norm, second in the sequence
+    tf.train.Checkpoint(model=ours).read(path).assert_consumed()
+    assert sorted(v.name for v in ours.variables) == sorted(v.name for v in theirs.variables)
