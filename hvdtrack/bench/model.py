@@ -285,10 +285,10 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0, bloc
     the model's matmul shapes allow here with their operands in memory, as the step's ops find
     them. Two differences stay: ``lean_head`` takes its logit layer's two gradients ([E, H] by
     [E, 1]) without products, which run here as TensorFlow's (they are counted FLOPs); and the
-    edge update's last product runs here as TensorFlow's, where ``mlp.linear_norm`` may take it
-    in one kernel with its layer norm (``HvdtrackLinearNorm``): that kernel's product runs at
-    TensorFlow's rate here, and its norm is no matmul (docs/performance.md, "The edge update's
-    last layer and its norm in one kernel").
+    edge and node updates' last products run here as TensorFlow's, where ``mlp.linear_norm``
+    may take them in one kernel with their layer norms (``HvdtrackLinearNorm``): its product
+    runs at TensorFlow's rate here, and its norm is no matmul (docs/performance.md, "The edge
+    update's last layer and its norm in one kernel").
 
     ``block`` rows (> 0): each product as ceil(rows / block) products of ``block`` rows (the
     last of the rest) that all read the same operands, which stay in cache: the same FLOPs, at

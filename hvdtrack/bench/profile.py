@@ -75,8 +75,9 @@ def op_category(name: str, optimizer_scope: str) -> str:
     """
     scope, _, op_type = name.rpartition(":")
     # the kernels' x^T @ d, the head's products with their bias, ReLU, bits and logit (as a
-    # _FusedMatMul's bias and ReLU), and the edge update's last product with its layer norm: its
-    # norm's time (about a quarter of the kernel's here) goes with the product's into matmul
+    # _FusedMatMul's bias and ReLU), and the edge and node updates' last products with their
+    # layer norms: the norm's time (about a quarter of the kernel's here) goes with the
+    # product's into matmul
     kernels = ("HvdtrackWeightGradient", "HvdtrackHead", "HvdtrackLinearNorm")
     if "MatMul" in op_type or op_type in kernels:
         return "matmul"

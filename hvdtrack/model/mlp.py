@@ -50,15 +50,26 @@ def make_mlp(
 
 
 class NormedMLP(snt.Sequential):
-    """``snt.Sequential([mlp, norm])`` (the same checkpoint keys) whose last layer and norm run
-    as ``linear_norm``: the norm's gradient kernel also sums the last product's gradient per
-    column, which is its bias's, so no ``BiasAddGrad`` reads [rows, width] again, and with
-    vector code the forward pass is one ``HvdtrackLinearNorm``. Where ``FusedMLP`` takes the
-    last layer together with the first (``_narrow_layers``: the encoders), it runs as the
-    sequence it is. The same values as the sequence, to float rounding (the product's sums
-    are the kernel's)."""
+    """``snt.Sequential([mlp, norm])`` (the same checkpoint keys) of a ReLU MLP whose final
+    ReLU is the norm's (``make_mlp``), with its last layer and the norm run as ``linear_norm``:
+    the norm's gradient kernel also sums the last product's gradient per column, which is its
+    bias's, so no ``BiasAddGrad`` reads [rows, width] again, and with vector code the forward
+    pass is one ``HvdtrackLinearNorm``. An MLP of one layer, or of two that ``FusedMLP`` runs as
+    one (``_narrow_layers``: the default encoders), runs as the sequence it is. The same values
+    as the sequence, to float rounding (with the kernels the product's sums are theirs).
+
+    Raises:
+      ValueError: if the MLP is not ReLU without a final activation, or the norm has no ReLU.
+    """
 
     def __init__(self, mlp: FusedMLP, norm: LayerNorm):
+        if mlp.activation is not tf.nn.relu or mlp.activate_final or not norm.relu:
+            raise ValueError(
+                "NormedMLP: the MLP must be ReLU without a final activation and the norm "
+                "LayerNorm(relu=True) (the final ReLU is the norm's); got activation "
+                f"{getattr(mlp.activation, '__name__', mlp.activation)}, activate_final="
+                f"{mlp.activate_final}, norm relu={norm.relu}"
+            )
         super().__init__([mlp, norm])
 
     def __call__(self, inputs) -> tf.Tensor:
@@ -130,10 +141,17 @@ class FusedMLP(snt.nets.MLP):
             raise ValueError("FusedMLP has no dropout: is_training must be None")
         return self._run(inputs, len(self._layers))
 
+    @property
+    def activation(self) -> Callable[[tf.Tensor], tf.Tensor]:
+        return self._activation
+
+    @property
+    def activate_final(self) -> bool:
+        return self._activate_final
+
     def hidden(self, inputs) -> tf.Tensor | None:
         """The activated input of the last layer (``__call__``'s layers but the last), or None
-        where the first two layers run as one (``_narrow_layers``) and the last is the second.
-        """
+        where there is one layer, or two that run as one (``_narrow_layers``)."""
         count = len(self._layers)
         if count < 2 or (count == 2 and self._narrow(inputs)):
             return None
@@ -147,7 +165,8 @@ class FusedMLP(snt.nets.MLP):
         return relu and len(self._layers) > 1 and width is not None and width <= NARROW_INPUT
 
     def _run(self, inputs, stop: int) -> tf.Tensor:
-        """The first ``stop`` layers on ``inputs``; a layer before the last is activated."""
+        """The first ``stop`` layers on ``inputs`` (at least two where they run as one,
+        ``_narrow``); a layer before the last is activated."""
         parts = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
         relu = self._activation is tf.nn.relu
         count = len(self._layers)

@@ -228,14 +228,14 @@ def test_linear_norm_from_a_kept_output_gives_tensorflows_gradients(given_back, 
     _assert_close(ours, _tensorflows_linear_norm(x, w, b, upstream, norm))
 
 
+@pytest.mark.parametrize("sizes", [(32, 16), (32, 24, 16)])
 @pytest.mark.parametrize("widths", [(3, 2, 4), (NARROW_INPUT + 1,), (3,)])
-def test_make_mlp_with_a_norm_gives_tensorflows_values_and_gradients(widths):
-    # the node update's parts, an edge update's wide input, an encoder's narrow one (whose two
-    # layers run as one: the sequence as it is)
+def test_make_mlp_with_a_norm_gives_tensorflows_values_and_gradients(sizes, widths, one_kernel):
+    # the node update's parts, an edge update's wide input, an encoder's narrow one (whose
+    # first two layers run as one: with two layers, the sequence as it is)
     rng = np.random.default_rng(8)
     parts = [tf.constant(rng.standard_normal((40, w)), tf.float32) for w in widths]
-    config = ModelConfig()
-    model = make_mlp((32, 16), config, with_layer_norm=True, activate_final=True)
+    model = make_mlp(sizes, ModelConfig(), with_layer_norm=True, activate_final=True)
     assert isinstance(model, NormedMLP)
 
     def ours(p):
@@ -253,7 +253,7 @@ def test_make_mlp_with_a_norm_gives_tensorflows_values_and_gradients(widths):
     variables = model.trainable_variables
     mine = _values_and_gradients(ours, parts, variables, upstream)
     want = _values_and_gradients(theirs, parts, variables, upstream)
-    assert len(mine) == len(want) == 1 + len(parts) + 6
+    assert len(mine) == len(want) == 1 + len(parts) + 2 * len(sizes) + 2
     for a, c in zip(mine, want):
         scale = max(1.0, np.abs(c.numpy()).max())
         np.testing.assert_allclose(a.numpy(), c.numpy(), rtol=0, atol=1e-5 * scale)
@@ -266,11 +266,41 @@ def test_make_mlp_with_a_norm_gives_tensorflows_values_and_gradients(widths):
         return tape.gradient(total, [*parts, *variables])
 
     types = [op.type for op in step.get_concrete_function().graph.get_operations()]
-    # the last layer's bias gradient from the norm's gradient kernel, except where the first
-    # two layers run as one (the narrow input)
+    # a BiasAddGrad per layer but the last, whose bias gradient is the norm's gradient
+    # kernel's, except where the two layers run as one (narrow input): both theirs
     narrow = len(widths) == 1 and widths[0] <= NARROW_INPUT
-    assert types.count("BiasAddGrad") == (2 if narrow else 1), types
+    assert types.count("BiasAddGrad") == (2 if narrow and len(sizes) == 2 else len(sizes) - 1)
     assert types.count("HvdtrackLayerNormGrad") == 1
+    fused = not (narrow and len(sizes) == 2) and one_kernel
+    assert types.count("HvdtrackLinearNorm") == (1 if fused else 0), types
+
+
+def test_make_mlp_with_a_norm_in_bfloat16_has_the_sequences_values():
+    # no kernels in bfloat16: linear_norm's fallback, the same ops as the sequence's
+    rng = np.random.default_rng(9)
+    parts = tuple(tf.constant(rng.standard_normal((40, w)), tf.bfloat16) for w in (3, 2, 4))
+    ours = make_mlp((32, 16), ModelConfig(), with_layer_norm=True, activate_final=True)
+    theirs = snt.Sequential([FusedMLP([32, 16], tf.nn.relu, False), LayerNorm(relu=True)])
+    results = []
+    for model in (ours, theirs):
+        model(tuple(tf.cast(p, tf.float32) for p in parts))  # variables created, float32
+        for v, value in zip(model.variables, (0.1 * np.arange(1, 7)).tolist()):
+            v.assign(
+                tf.fill(v.shape.as_list(), value) + tf.random.stateless_normal(v.shape, [1, 2])
+            )
+        with snt.custom_variable_getter(lambda v: tf.cast(v, tf.bfloat16)):
+            results.append(model(parts))
+    assert results[0].dtype == tf.bfloat16
+    np.testing.assert_array_equal(results[0].numpy(), results[1].numpy())
+
+
+def test_normed_mlp_refuses_what_make_mlp_does_not_build():
+    with pytest.raises(ValueError, match="final ReLU is the norm's"):
+        NormedMLP(FusedMLP([8, 4], tf.nn.relu, True), LayerNorm(relu=True))
+    with pytest.raises(ValueError, match="norm relu=False"):
+        NormedMLP(FusedMLP([8, 4], tf.nn.relu, False), LayerNorm())
+    with pytest.raises(ValueError, match="activation tanh"):
+        NormedMLP(FusedMLP([8, 4], tf.nn.tanh, False), LayerNorm(relu=True))
 
 
 def test_make_mlp_with_a_norm_keeps_the_sequences_checkpoint_keys(tmp_path):

@@ -68,9 +68,10 @@ def test_the_kept_edge_term_gives_the_plain_gradients(graphs, compiled, chunk, e
     assert_recompute_gives_the_plain_gradients(graphs, config, changes, compiled)
 
 
-# The edge update of the default model: two layers, the ReLU before the norm in the norm.
+# The edge and node updates of the default model: two layers, the ReLU before the norm in the
+# norm (the last layer and the norm as mlp.linear_norm).
 TWO_LAYERS = dataclasses.replace(
-    TINY, layer_norm=True, factorized_edge_update=True, edge_update=(5, 3)
+    TINY, layer_norm=True, factorized_edge_update=True, edge_update=(5, 3), node_update=(5, 4)
 )
 
 
