@@ -354,3 +354,24 @@ def test_the_product_computed_again_is_the_forward_passs_own():
     again = norm.linear_product(x, w, b, scale, offset)
     np.testing.assert_array_equal(again.numpy(), kept.numpy())
     np.testing.assert_allclose(kept.numpy(), (x @ w + b).numpy(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("first_scale", [0.0, 1.0])
+def test_a_kept_linear_output_gives_the_backward_pass_of_the_forward_one(first_scale):
+    # The recomputed step keeps linear_output and reads its product again where y cannot give
+    # it back (a zero scale); elsewhere from y. Both give linear_pass's gradient, bit for bit.
+    rng = np.random.default_rng(12)
+    x, w, b, upstream = (
+        tf.constant(rng.standard_normal(shape), tf.float32)
+        for shape in ((300, 128), (128, 64), (64,), (300, 64))
+    )
+    scale, offset = tf.constant([first_scale] + [1.5] * 63), tf.constant([0.25] * 64)
+    norm = LayerNorm(relu=True)
+    y, backward = norm.linear_pass(x, w, b, scale, offset)
+    kept = norm.linear_output(x, w, b, scale, offset)
+    np.testing.assert_array_equal(kept.y.numpy(), y.numpy())
+    again = norm.backward_from(
+        kept, scale, offset, lambda: norm.linear_product(x, w, b, scale, offset)
+    )
+    for got, expected in zip(again(upstream), backward(upstream)):
+        np.testing.assert_array_equal(got.numpy(), expected.numpy())

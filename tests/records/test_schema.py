@@ -210,3 +210,25 @@ def test_schema_table_matches_the_hitgraph_fields():
     assert [f.name for f in schema.FIELDS] == [f.name for f in dataclasses.fields(HitGraph)]
     assert schema.FIELDS_BY_NAME["nodes"].shape == ("N", schema.NODE_FEATURE_SIZE)
     assert schema.FIELDS_BY_NAME["edges"].shape == ("E", schema.EDGE_FEATURE_SIZE)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("receivers", 3, "record 1 of a: edge 1 has receiver 3, outside its 3 hits"),
+        ("senders", -1, "record 1 of a: edge 1 has sender -1, outside its 3 hits"),
+    ],
+)
+def test_parse_example_batch_refuses_an_endpoint_outside_its_record(field, value, message):
+    # Checked against the batch's 6 hits, not its own record's 3, receiver 3 would pass.
+    ends = getattr(tiny_graph(), field).copy()
+    ends[1] = value
+    broken = dataclasses.replace(tiny_graph(), **{field: ends})
+    records = tf.constant([graph_to_example(tiny_graph()), hand_made_record(1, broken)])
+    parse = tf.function(
+        lambda r: schema.parse_example_batch(r, tf.constant(["record 0 of a", "record 1 of a"]))
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message + " - re-run hvdtrack"):
+        parse(records)
+    values, _ = schema.parse_example_batch(records[:1], tf.constant(["record 0 of a"]))
+    assert values[field].numpy().tolist() == getattr(tiny_graph(), field).tolist()
