@@ -20,7 +20,10 @@ products), and the step's share of the matmul rate: the rate at which this machi
 step's own matmul shapes alone (each [m, k] @ [k, n] and its two gradient products, compiled),
 timed in turn with the step: each round calls the matmuls once and the step once, and the share
 is the median over rounds of the matmuls' time over the step's in the same round (each round's
-is printed too), so a drift of a shared machine's speed between rounds touches both alike. With
+is printed too), so a drift of a shared machine's speed between rounds touches both alike. The
+same rounds time passes over memory of the step's edge tensors' size (``memory_passes_fn``):
+their rate, and the matmul rate over it (FLOP per byte, the machine's balance), say whether a
+share that moved between days moved with the machine. With
 ``model.recompute`` the FLOPs, the rate and the share stay the plain step's (the same model's
 useful work), and a line adds the FLOPs the recomputed step runs
 (``cost.recomputed_step_flops``: with what its backward pass computes again). ``--in-cache``
@@ -38,7 +41,8 @@ profiler into matmul, gather, segment sum, layer norm, optimizer and other, and 
 and ``--memory-budget`` (the largest graph that fits) are ``hvdtrack.bench.memory``'s; this module
 parses their options and dispatches. ``--json PATH`` keeps every figure.
 
-Public symbols: ``main``, ``parse_args``, ``model_matmuls_fn``, ``plain_args``, ``row_blocks``.
+Public symbols: ``main``, ``parse_args``, ``model_matmuls_fn``, ``MemoryPasses``,
+``memory_passes_fn``, ``plain_args``, ``row_blocks``.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -200,7 +204,8 @@ def _run(args: argparse.Namespace) -> int:
         step = step_fn(trainer, graphs, labels)
         sizes = (num_nodes, num_edges, NUM_NODE_FEATURES, NUM_EDGE_FEATURES)
         flops = train_step_flops(config, *sizes)
-        timed = [model_matmuls_fn(config, num_nodes, num_edges), step]
+        passes = memory_passes_fn(num_edges, config.edge_latent_size)
+        timed = [model_matmuls_fn(config, num_nodes, num_edges), step, passes.fn]
         if args.in_cache:
             from hvdtrack.model.chunks import auto_chunk_edges
 
@@ -208,7 +213,7 @@ def _run(args: argparse.Namespace) -> int:
             timed.append(model_matmuls_fn(config, num_nodes, num_edges, block=block))
         if plain is not None:
             timed.append(step_fn(plain, graphs, labels))
-        matmuls, timing, *others = time_in_turn(timed, args.warmup, args.repeats)
+        matmuls, timing, streamed, *others = time_in_turn(timed, args.warmup, args.repeats)
         cached = others[:1] if args.in_cache else []
         shares = round_ratios(matmuls, timing)
         cpu_share = statistics.median(round_ratios(matmuls, timing, cpu=True))
@@ -229,7 +234,15 @@ def _run(args: argparse.Namespace) -> int:
             f"{100 * statistics.median(shares):.0f}% of the matmul rate (rounds: "
             f"{_percents(shares)}; by CPU time: {100 * cpu_share:.0f}%)"
         )
-        record.update(share_rounds=shares)
+        memory_rate = passes.bytes / streamed.median
+        print(
+            f"memory passes: {memory_rate / 1e9:.1f} GB/s ({passes.what}: {streamed.describe()}); "
+            f"the matmul rate over it: {rate / memory_rate:.1f} FLOP per byte (rounds: "
+            + " ".join(f"{flops * r / passes.bytes:.1f}" for r in round_ratios(streamed, matmuls))
+            + ")"
+        )
+        record.update(share_rounds=shares, memory_passes=dataclasses.asdict(streamed))
+        record.update(memory_pass_bytes=passes.bytes)
         if cached:
             in_cache = round_ratios(cached[0], timing)
             print(
@@ -340,6 +353,39 @@ def model_matmuls_fn(config, num_nodes: int, num_edges: int, seed: int = 0, bloc
         return total
 
     return lambda: matmuls().numpy()
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPasses:
+    """A compiled function streaming tensors through memory (``memory_passes_fn``)."""
+
+    fn: Callable[[], object]
+    bytes: int  # read and written per call
+    what: str  # what it does, for a printed line
+
+
+def memory_passes_fn(rows: int, width: int, passes: int = 8) -> MemoryPasses:
+    """``passes`` AddNs of three float32 [rows, width] tensors, each writing one: y = a + b + y,
+    the kind of pass over [E, width] that the step makes outside its products (its ``AddN``s,
+    bias gradients, gathers), on the step's intra-op threads, four tensors' bytes a pass. Its
+    rate beside the matmul rate, timed in turn, is the machine's balance of the day: a step
+    whose non-matmul part streams memory gets a larger share of the matmul rate where that
+    balance is lower."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(1)
+    a, b = (tf.constant(rng.standard_normal((rows, width), dtype=np.float32)) for _ in "ab")
+
+    @tf.function
+    def stream():
+        # each pass reads the one before: no pass can be merged with another or skipped
+        y = tf.zeros_like(a)
+        for _ in tf.range(passes):
+            y = tf.math.add_n([a, b, y])
+        return y[0, 0]
+
+    what = f"{passes} AddNs of three [{rows}, {width}] float32 tensors"
+    return MemoryPasses(lambda: stream().numpy(), 4 * passes * rows * width * 4, what)
 
 
 def plain_args(args: argparse.Namespace) -> argparse.Namespace:

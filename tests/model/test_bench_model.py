@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from hvdtrack.bench import model as bench
 from hvdtrack.bench import profile
-from hvdtrack.bench.workload import Timing, round_ratios, time_calls, time_in_turn
+from hvdtrack.bench.workload import Timing, round_ratios, run_config, time_calls, time_in_turn
 from hvdtrack.model.kernels import vector_code
 
 
@@ -31,6 +32,11 @@ def test_benchmark_times_the_trainers_step_and_writes_records(tmp_path, capsys):
     assert records[0]["share_rounds"] == [
         records[0]["matmuls"]["seconds"][0] / records[0]["step"]["seconds"][0]
     ]
+    # memory passes of the tiny config's edge latent (its edge encoder's last size) per edge
+    width = run_config(bench.parse_args(["--config", "tiny"])).model.edge_latent_size
+    assert records[0]["memory_pass_bytes"] == 8 * 4 * 60 * width * 4
+    assert len(records[0]["memory_passes"]["seconds"]) == 1
+    assert "memory passes: " in printed and " FLOP per byte (rounds: " in printed
     shares = records[0]["breakdown"]
     assert set(shares) == set(profile.CATEGORIES)
     assert shares["matmul"] > 0 and shares["optimizer"] > 0 and shares["segment sum"] > 0
@@ -174,3 +180,12 @@ def test_against_plain_needs_a_recomputed_step_and_the_caching_allocator(capsys,
     with pytest.raises(SystemExit):
         bench.parse_args(["--against-plain", "--memory"])
     assert "without --memory" in capsys.readouterr().err
+
+
+def test_memory_passes_add_two_tensors_onto_the_last_pass():
+    passes = bench.memory_passes_fn(rows=3, width=2, passes=5)
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal((3, 2), dtype=np.float32) for _ in "ab")
+    assert passes.fn() == pytest.approx(5 * (a[0, 0] + b[0, 0]), rel=1e-5)
+    assert passes.bytes == 5 * 4 * 3 * 2 * 4  # three tensors read and one written, a pass
+    assert passes.what == "5 AddNs of three [3, 2] float32 tensors"
