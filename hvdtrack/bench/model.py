@@ -22,8 +22,8 @@ timed in turn with the step: each round calls the matmuls once and the step once
 is the median over rounds of the matmuls' time over the step's in the same round (each round's
 is printed too), so a drift of a shared machine's speed between rounds touches both alike. The
 same rounds time passes over memory of the step's edge tensors' size (``memory_passes_fn``):
-their rate, and the matmul rate over it (FLOP per byte, the machine's balance), say whether a
-share that moved between days moved with the machine. With
+their rate, and the matmul rate over it (FLOP per byte, the machine's balance: the median over
+rounds), say whether a share that moved between sittings moved with the machine. With
 ``model.recompute`` the FLOPs, the rate and the share stay the plain step's (the same model's
 useful work), and a line adds the FLOPs the recomputed step runs
 (``cost.recomputed_step_flops``: with what its backward pass computes again). ``--in-cache``
@@ -234,12 +234,12 @@ def _run(args: argparse.Namespace) -> int:
             f"{100 * statistics.median(shares):.0f}% of the matmul rate (rounds: "
             f"{_percents(shares)}; by CPU time: {100 * cpu_share:.0f}%)"
         )
-        memory_rate = passes.bytes / streamed.median
+        # the matmul rate over the memory rate, round by round: flops / t_m over bytes / t_s
+        balance = [flops * r / passes.bytes for r in round_ratios(streamed, matmuls)]
         print(
-            f"memory passes: {memory_rate / 1e9:.1f} GB/s ({passes.what}: {streamed.describe()}); "
-            f"the matmul rate over it: {rate / memory_rate:.1f} FLOP per byte (rounds: "
-            + " ".join(f"{flops * r / passes.bytes:.1f}" for r in round_ratios(streamed, matmuls))
-            + ")"
+            f"memory passes: {passes.bytes / streamed.median / 1e9:.1f} GB/s ({passes.what}: "
+            f"{streamed.describe()}); the matmul rate over it: {statistics.median(balance):.1f} "
+            "FLOP per byte (rounds: " + " ".join(f"{b:.1f}" for b in balance) + ")"
         )
         record.update(share_rounds=shares, memory_passes=dataclasses.asdict(streamed))
         record.update(memory_pass_bytes=passes.bytes)
@@ -367,7 +367,8 @@ class MemoryPasses:
 def memory_passes_fn(rows: int, width: int, passes: int = 8) -> MemoryPasses:
     """``passes`` AddNs of three float32 [rows, width] tensors, each writing one: y = a + b + y,
     the kind of pass over [E, width] that the step makes outside its products (its ``AddN``s,
-    bias gradients, gathers), on the step's intra-op threads, four tensors' bytes a pass. Its
+    bias gradients, gathers), on the step's intra-op threads, four tensors' bytes a pass (in
+    float32 whatever the step's precision: a figure of the machine, not of the model). Its
     rate beside the matmul rate, timed in turn, is the machine's balance of the day: a step
     whose non-matmul part streams memory gets a larger share of the matmul rate where that
     balance is lower."""

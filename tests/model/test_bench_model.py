@@ -9,7 +9,7 @@ import pytest
 
 from hvdtrack.bench import model as bench
 from hvdtrack.bench import profile
-from hvdtrack.bench.workload import Timing, round_ratios, run_config, time_calls, time_in_turn
+from hvdtrack.bench.workload import Timing, round_ratios, time_calls, time_in_turn
 from hvdtrack.model.kernels import vector_code
 
 
@@ -32,9 +32,8 @@ def test_benchmark_times_the_trainers_step_and_writes_records(tmp_path, capsys):
     assert records[0]["share_rounds"] == [
         records[0]["matmuls"]["seconds"][0] / records[0]["step"]["seconds"][0]
     ]
-    # memory passes of the tiny config's edge latent (its edge encoder's last size) per edge
-    width = run_config(bench.parse_args(["--config", "tiny"])).model.edge_latent_size
-    assert records[0]["memory_pass_bytes"] == 8 * 4 * 60 * width * 4
+    # 8 memory passes over four [60 edges, 16] float32 tensors (tiny's edge latent: 16)
+    assert records[0]["memory_pass_bytes"] == 8 * 4 * 60 * 16 * 4
     assert len(records[0]["memory_passes"]["seconds"]) == 1
     assert "memory passes: " in printed and " FLOP per byte (rounds: " in printed
     shares = records[0]["breakdown"]
