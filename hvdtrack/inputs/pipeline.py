@@ -61,7 +61,7 @@ from graph_nets import utils_tf
 
 from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.inputs.balance import EpochPlan, plan_epoch
-from hvdtrack.inputs.reader import TRAIN_FIELDS, ShardReader, merge_graphs
+from hvdtrack.inputs.reader import TRAIN_FIELDS, ShardReader, checked_endpoints, merge_graphs
 from hvdtrack.inputs.subgraphs import (
     NODE_PHI_COLUMN,
     SubgraphPlan,
@@ -392,6 +392,7 @@ def _subgraph_batches(reader: ShardReader, plan: SubgraphPlan, worker: int) -> t
             ["record ", tf.strings.as_string(index), " of ", tf.gather(reader.names, shard)]
         )
         values, rows = parse_example_batch(serialized[None], where[None], TRAIN_FIELDS)
+        values = checked_endpoints(values, rows, where[None])
         sender_phi = (
             tf.gather(values["nodes"][:, NODE_PHI_COLUMN], values["senders"])
             if sampling.seed_order == "local"

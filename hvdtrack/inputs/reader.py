@@ -52,6 +52,40 @@ def merge_graphs(
     return graphs, values["labels"]
 
 
+def checked_endpoints(
+    values: dict[str, tf.Tensor], rows: dict[str, tf.Tensor], where: tf.Tensor
+) -> dict[str, tf.Tensor]:
+    """``values`` of ``parse_example_batch(..., where, fields)``, once every sender and receiver
+    is in [0, N) of its own record (fields with ``nodes``; else as they are).
+
+    Raises:
+      tf.errors.InvalidArgumentError: (when evaluated) naming the first edge outside by its
+        record and its index there. The model's kernels would name it only within its run.
+    """
+    names = [name for name in ("senders", "receivers") if name in values]
+    if not names or "N" not in rows or "E" not in rows:
+        return values
+    record = tf.repeat(tf.range(tf.size(rows["E"])), rows["E"])
+    ends = tf.stack([values[name] for name in names])  # [fields, sum E]
+    outside = (ends < 0) | (ends >= tf.gather(rows["N"], record))
+
+    def describe() -> tf.Tensor:  # only when some edge is outside, so sum E > 0
+        edge = tf.argmax(tf.cast(tf.reduce_any(outside, 0), tf.int32), output_type=tf.int32)
+        field = tf.argmax(tf.cast(outside[:, edge], tf.int32), output_type=tf.int32)
+        first, text = record[edge], tf.strings.as_string
+        index = edge - tf.cumsum(rows["E"], exclusive=True)[first]
+        return tf.strings.join([
+            tf.convert_to_tensor(where, tf.string)[first], ": edge ", text(index), " has ",
+            tf.constant([name[:-1] for name in names])[field], " ", text(ends[field, edge]),
+            ", outside its ", text(rows["N"][first]), " hits - re-run hvdtrack prepare",
+        ])  # fmt: skip
+
+    bad = tf.reduce_any(outside)
+    message = tf.cond(bad, describe, lambda: tf.constant(""))
+    with tf.control_dependencies([tf.debugging.Assert(tf.logical_not(bad), [message])]):
+        return {name: tf.identity(value) for name, value in values.items()}
+
+
 class ShardReader:
     """Reads one split's shards as (shard, record index, serialized record) triples."""
 
@@ -129,7 +163,7 @@ class ShardReader:
             ["record ", tf.strings.as_string(record), " of ", tf.gather(self.names, shard)]
         )
         values, rows = parse_example_batch(serialized, where, TRAIN_FIELDS)
-        return merge_graphs(values, rows["N"], rows["E"])
+        return merge_graphs(checked_endpoints(values, rows, where), rows["N"], rows["E"])
 
 
 @functools.lru_cache(maxsize=1 << 16)

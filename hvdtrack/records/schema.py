@@ -249,8 +249,7 @@ def parse_example_batch(
 
     Raises:
       tf.errors.InvalidArgumentError: (when evaluated) for a record of another schema version
-        (DataError when eager), whose fields disagree in size, or with a sender or receiver
-        outside its own nodes, naming the first such record (and the edge by its index there).
+        or whose fields disagree in size, naming the first such record; DataError when eager.
     """
     import tensorflow as tf
 
@@ -288,48 +287,7 @@ def parse_example_batch(
                 if spec.feature_size:
                     value = tf.reshape(value, [-1, spec.feature_size])
             values[spec.name] = tf.identity(value)
-    endpoints = _endpoint_check(values, rows, where)
-    with tf.control_dependencies(endpoints):
-        values = {name: tf.identity(value) for name, value in values.items()}
     return values, {symbol: tf.identity(count) for symbol, count in rows.items()}
-
-
-def _endpoint_check(values: dict[str, Any], rows: dict[str, Any], where: Any) -> list:
-    """An Assert op that every decoded sender and receiver is in [0, N) of its own record,
-    naming the first edge that is not by its record and its index there ([] when ``values``
-    holds no endpoints or the records' sizes are not all decoded)."""
-    import tensorflow as tf
-
-    names = [name for name in ("senders", "receivers") if name in values]
-    if not names or "N" not in rows or "E" not in rows:
-        return []
-    record = tf.repeat(tf.range(tf.size(rows["E"])), rows["E"])
-    nodes = tf.gather(rows["N"], record)
-    ends = tf.stack([values[name] for name in names])  # [fields, sum E]
-    outside = (ends < 0) | (ends >= nodes)
-    bad = tf.reduce_any(outside)
-
-    def describe() -> tf.Tensor:  # runs only when some edge is outside, so sum E > 0
-        edge = tf.argmax(tf.cast(tf.reduce_any(outside, axis=0), tf.int32), output_type=tf.int32)
-        field = tf.argmax(tf.cast(outside[:, edge], tf.int32), output_type=tf.int32)
-        first = record[edge]
-        return tf.strings.join(
-            [
-                tf.convert_to_tensor(where, tf.string)[first],
-                ": edge ",
-                tf.strings.as_string(edge - tf.cumsum(rows["E"], exclusive=True)[first]),
-                " has ",
-                tf.constant([name[:-1] for name in names])[field],
-                " ",
-                tf.strings.as_string(ends[field, edge]),
-                ", outside its ",
-                tf.strings.as_string(rows["N"][first]),
-                " hits - re-run hvdtrack prepare",
-            ]
-        )
-
-    message = tf.cond(bad, describe, lambda: tf.constant(""))
-    return [tf.debugging.Assert(tf.logical_not(bad), [message], summarize=1)]
 
 
 def _specs(fields: Optional[Sequence[str]]) -> list[FieldSpec]:
