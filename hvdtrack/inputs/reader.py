@@ -130,7 +130,8 @@ class ShardReader:
         def keep(shard: tf.Tensor, record: tf.Tensor, serialized: tf.Tensor) -> tf.Tensor:
             return tf.gather(is_mine, tf.gather(self.starts, shard) + record)
 
-        return tf.data.Dataset.from_tensor_slices(groups).flat_map(read_group).filter(keep)
+        stream = tf.data.Dataset.from_tensor_slices(groups).flat_map(read_group).filter(keep)
+        return stream.take(len(graph_ids))  # no reading on after the last one
 
     def records_by_offset(self, graph_ids: np.ndarray) -> tf.data.Dataset:
         """The records ``graph_ids``, in that order, each read by seeking to its offset."""

@@ -5,6 +5,12 @@ sizes an epoch for a worker count (``fit``: global batch, steps per epoch, edge 
 hands out the epoch's training batches and a split's evaluation batches for this process's
 replicas. It builds no model and runs no step (``state``, ``step``).
 
+One input pipeline per replica reads the training batches of up to ``EPOCHS_PER_PIPELINE``
+epochs back to back: building one takes about a quarter of a second here (tracing its
+functions, starting its threads), a cost the worker count does not divide, so it is paid once
+per pipeline rather than once per epoch. An epoch that does not continue the open pipeline (a
+resume, a change of the worker count, a stop) builds a new one.
+
 Public symbols: ``TrainData``, ``EpochSize``.
 """
 
@@ -12,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -27,6 +33,19 @@ from hvdtrack.records.manifest import manifest_digest, open_dataset
 from hvdtrack.records.schema import EDGE_FEATURE_SIZE, NODE_FEATURE_SIZE
 
 Batches = Iterator[list[tuple[Any, tf.Tensor]]]
+# Epochs one training pipeline reads (their plans are made when it is built).
+EPOCHS_PER_PIPELINE = 8
+
+
+@dataclasses.dataclass
+class _Pipelines:
+    """The open training pipelines (one iterator per local replica) of epochs [start, end),
+    with the epoch whose first batch they read next (None while inside an epoch)."""
+
+    iterators: list
+    end: int
+    batches_per_epoch: int
+    next_epoch: Optional[int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +80,9 @@ class TrainData:
         self.digest = manifest_digest(self.dataset_dir)
         table = self.manifest.split_table("train", str(self.dataset_dir))
         self.train_edges = np.asarray(table.num_edges)
-        self._plan: EpochPlan | None = None
+        self._plans: dict[int, EpochPlan] = {}
+        self._pipelines: Optional[_Pipelines] = None
+        self.pipelines_built = 0  # training pipeline sets built so far
 
     def fit(self) -> EpochSize:
         """Sizes an epoch for the current worker count (re-planned: elastic runs change it).
@@ -72,7 +93,8 @@ class TrainData:
         tc, dc = self.config.train, self.config.distributed
         workers = self.workers.num_replicas
         global_batch = tc.batch_graphs * workers * dc.backward_passes_per_step
-        self._plan = None
+        self.close()
+        self._plans = {}
         first_plan = self.plan(0)
         steps = first_plan.num_steps // dc.backward_passes_per_step
         if tc.max_steps_per_epoch is not None:
@@ -90,12 +112,14 @@ class TrainData:
         """The balanced assignment of training graphs to workers and steps for ``epoch``.
 
         Identical on every worker (a function of the seed and the epoch); every worker runs the
-        same number of steps, so no collective waits on a worker that ran out of data. The
-        last plan made is kept (the loop asks for the epoch's plan several times).
+        same number of steps, so no collective waits on a worker that ran out of data. Plans
+        are kept from ``epoch`` on (the loop asks for the epoch's plan several times, the
+        pipeline made them ahead).
         """
-        if self._plan is None or self._plan.epoch != epoch:
+        self._plans = {e: p for e, p in self._plans.items() if e >= epoch}
+        if epoch not in self._plans:
             tc = self.config.train
-            self._plan = pipeline.plan_train_epoch(
+            self._plans[epoch] = pipeline.plan_train_epoch(
                 self.manifest,
                 self.workers.num_replicas,
                 tc.batch_graphs,
@@ -109,30 +133,51 @@ class TrainData:
                 sort_window=tc.sort_window,
                 node_cost=node_cost(self.config.model, NODE_FEATURE_SIZE, EDGE_FEATURE_SIZE),
             )
-        return self._plan
+        return self._plans[epoch]
 
     def batches(self, epoch: int, first_step: int, steps_per_epoch: int) -> Batches:
-        """The epoch's pipelines from step ``first_step`` on, built now (so that the time to
-        build them is not the first step's data wait); the iterator yields, per pass, one
-        (graphs, labels) batch per local replica, in plan order."""
-        plan = self.plan(epoch)
+        """The batches of ``epoch`` from step ``first_step`` on, out of the open pipelines when
+        they read this epoch next, else out of pipelines built now for the epochs from
+        ``epoch`` on (at most ``EPOCHS_PER_PIPELINE``, none after ``train.epochs``; built here, so that the time to build them is not the
+        first step's data wait). The iterator yields, per pass, one (graphs, labels) batch per
+        local replica, in plan order."""
         passes = self.config.distributed.backward_passes_per_step
-        limit = (steps_per_epoch - first_step) * passes
-        # Resuming mid-epoch: the plan is the one made before the interruption; skip what ran.
-        datasets = [
-            pipeline.train_dataset(self.dataset_dir, self.manifest, plan, worker)
-            .skip(first_step * passes)
-            .take(limit)
-            for worker in self.workers.replica_ids
-        ]
-        with pipeline.read_errors_as_data_error(self.dataset_dir, self.manifest):
-            iterators = [iter(d) for d in datasets]
-        return self._read(iterators, limit)
+        per_epoch = steps_per_epoch * passes
+        open_ = self._pipelines
+        if (
+            open_ is None
+            or open_.next_epoch != epoch
+            or first_step != 0
+            or open_.batches_per_epoch != per_epoch
+        ):
+            self.close()
+            end = min(epoch + EPOCHS_PER_PIPELINE, max(self.config.train.epochs, epoch + 1))
+            plans = [self.plan(e) for e in range(epoch, end)]
+            # Resuming mid-epoch: the plan is the one made before the interruption; skip what ran.
+            datasets = [
+                pipeline.train_dataset(
+                    self.dataset_dir, self.manifest, plans, worker, steps=per_epoch
+                ).skip(first_step * passes)
+                for worker in self.workers.replica_ids
+            ]
+            with pipeline.read_errors_as_data_error(self.dataset_dir, self.manifest):
+                iterators = [iter(d) for d in datasets]
+            self._pipelines = open_ = _Pipelines(iterators, end, per_epoch, epoch)
+            self.pipelines_built += 1
+        return self._read(open_, epoch, per_epoch - first_step * passes)
 
-    def _read(self, iterators: list, limit: int) -> Batches:
+    def _read(self, open_: _Pipelines, epoch: int, limit: int) -> Batches:
+        open_.next_epoch = None
         with pipeline.read_errors_as_data_error(self.dataset_dir, self.manifest):
-            for _ in range(limit):
-                yield [next(it) for it in iterators]
+            for i in range(limit):
+                batch = [next(it) for it in open_.iterators]
+                if i + 1 == limit and epoch + 1 < open_.end:
+                    open_.next_epoch = epoch + 1  # the pipelines stand at its first batch
+                yield batch
+
+    def close(self) -> None:
+        """Ends the open training pipelines (their threads and prefetched batches)."""
+        self._pipelines = None
 
     def eval_batches(self, split: str) -> Iterator[tuple[Any, tf.Tensor]]:
         """(graphs, labels) batches of ``split``, every graph once over all workers: this

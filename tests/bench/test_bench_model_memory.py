@@ -58,7 +58,10 @@ def test_memory_table_measures_each_size_in_a_fresh_process(tmp_path, capsys):
     live = record["live_at_peak"]
     assert live["allocated"] >= live["requested"] > 0
     shapes = {shape for _, shape, _, _ in live["tensors"]}
-    assert any(shape.startswith("[60,") for shape in shapes), shapes
+    # rows per hit (20), per edge (60) or per edge end (120: both ends gathered at once); which
+    # of them are live at the peak depends on the order the step's ops ran in
+    rows = {shape.strip("[]").split(",")[0] for shape in shapes}
+    assert rows & {"20", "60", "120"}, shapes
     assert live["allocated"] == sum(t[3] for t in live["tensors"])
 
 

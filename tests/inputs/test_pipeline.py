@@ -110,6 +110,12 @@ def test_several_epochs_are_read_back_to_back_by_one_dataset(dataset, random_acc
     assert len(batches) == len(expected) == 9
     for batch, ids in zip(batches, expected):
         assert_batch(batch, graphs_of(manifest, "train", ids, by_key))
+    # the first steps of each plan (train.max_steps_per_epoch)
+    first = list(train_dataset(path, manifest, plans, worker=1, steps=2))
+    expected = [ids for plan in plans for ids in plan.graph_ids[1, :2]]
+    assert len(first) == len(expected) == 6
+    for batch, ids in zip(first, expected):
+        assert_batch(batch, graphs_of(manifest, "train", ids, by_key))
     other = plan_train_epoch(manifest, 2, 3, seed=1, epoch=3, random_access=random_access)
     with pytest.raises(ConfigError, match="plans with equal num_workers and batch_graphs"):
         train_dataset(path, manifest, plans + [other], worker=1)
