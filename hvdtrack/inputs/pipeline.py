@@ -10,7 +10,8 @@ graphs in one of two ways, chosen by ``plan_train_epoch``:
 - streaming (gzip shards, which cannot seek): the plan reads shards in a shuffled order,
   ``shards_per_group`` files at a time interleaved round-robin (deterministically, so the stream
   is the plan's global order); the worker keeps only its own records before parsing them. Every
-  worker reads every shard of the epoch, so reading cost grows with the number of workers.
+  worker reads the epoch's shards up to its last record, so reading cost grows with the number
+  of workers.
 
 Subgraph mini-batches (a ``SubgraphPlan``, from ``plan_train_epoch(..., subgraphs=...)``): each
 planned unit's graph is read by offset, its seeds' neighbourhood sampled by TensorFlow ops
@@ -174,17 +175,19 @@ def train_dataset(
         without shard layout is read by random access, one with it by streaming shards. Several
         plans (e.g. one per epoch, same ``num_workers`` and ``batch_graphs``) are read back to
         back by one dataset, which saves building and tearing down a pipeline per epoch
-        (0.23-0.25 s here; training reads ``train.data.EPOCHS_PER_PIPELINE`` epochs per
+        (0.23-0.25 s here; training reads ``inputs.epochs.EPOCHS_PER_PIPELINE`` epochs per
         pipeline).
       worker: this worker's rank in [0, plan.num_workers).
       split: the split the plan was made for.
-      steps: read only the first ``steps`` steps of each plan (``train.max_steps_per_epoch``).
+      steps: read only each plan's first ``steps`` steps (training: ``train.max_steps_per_epoch``
+        or the whole optimizer steps of ``distributed.backward_passes_per_step``).
 
     Returns:
       A dataset of exactly ``plan.num_steps`` elements ``(GraphsTuple, labels)`` (``steps`` per
-      plan when given; summed over the plans); step s merges the graphs ``plan.graph_ids[worker, s]`` in that order. For a
-      ``SubgraphPlan`` it merges the subgraphs of those units (``subgraphs.sample_subgraph``,
-      nodes and edges in graph order), non-seed edges labelled ``sampling.ignored_label``.
+      plan when given; summed over the plans); step s merges the graphs
+      ``plan.graph_ids[worker, s]`` in that order. For a ``SubgraphPlan`` it merges the
+      subgraphs of those units (``subgraphs.sample_subgraph``, nodes and edges in graph
+      order), non-seed edges labelled ``sampling.ignored_label``.
 
     Raises:
       ConfigError: when a plan was not made for this split, plans differ in batch_graphs or

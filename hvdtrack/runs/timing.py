@@ -139,7 +139,7 @@ class EpochTiming:
       val: validation metrics after the epoch (loss, auc, efficiency, purity, ...) or None.
       data_s, compute_s, exchange_s: sums over the epoch's steps (see ``StepTiming``).
       pipeline_s: building input pipelines when the epoch does not continue the open ones
-        (they read ``train.data.EPOCHS_PER_PIPELINE`` epochs), ending the old ones.
+        (they read ``inputs.epochs.EPOCHS_PER_PIPELINE`` epochs), ending the old ones.
       validation_s: validation, including waiting for other ranks' parts.
       checkpoint_s: saving checkpoints, including the barrier after a save.
       summaries_s: TensorBoard summaries, progress and console lines.

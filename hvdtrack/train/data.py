@@ -3,13 +3,7 @@
 ``TrainData`` opens ``data.dataset_dir`` (checksums verified, train and val splits required),
 sizes an epoch for a worker count (``fit``: global batch, steps per epoch, edge imbalance) and
 hands out the epoch's training batches and a split's evaluation batches for this process's
-replicas. It builds no model and runs no step (``state``, ``step``).
-
-One input pipeline per replica reads the training batches of up to ``EPOCHS_PER_PIPELINE``
-epochs back to back: building one takes about a quarter of a second here (tracing its
-functions, starting its threads), a cost the worker count does not divide, so it is paid once
-per pipeline rather than once per epoch. An epoch that does not continue the open pipeline (a
-resume, a change of the worker count, a stop) builds a new one.
+replicas (epochs out of one set of pipelines, ``inputs.epochs``). It runs no step.
 
 Public symbols: ``TrainData``, ``EpochSize``.
 """
@@ -28,24 +22,12 @@ from hvdtrack.distributed.workers import Workers
 from hvdtrack.errors import DataError
 from hvdtrack.inputs import pipeline
 from hvdtrack.inputs.balance import EpochPlan
+from hvdtrack.inputs.epochs import EPOCHS_PER_PIPELINE, EpochPipelines
 from hvdtrack.model.cost import node_cost
 from hvdtrack.records.manifest import manifest_digest, open_dataset
 from hvdtrack.records.schema import EDGE_FEATURE_SIZE, NODE_FEATURE_SIZE
 
 Batches = Iterator[list[tuple[Any, tf.Tensor]]]
-# Epochs one training pipeline reads (their plans are made when it is built).
-EPOCHS_PER_PIPELINE = 8
-
-
-@dataclasses.dataclass
-class _Pipelines:
-    """The open training pipelines (one iterator per local replica) of epochs [start, end),
-    with the epoch whose first batch they read next (None while inside an epoch)."""
-
-    iterators: list
-    end: int
-    batches_per_epoch: int
-    next_epoch: Optional[int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +63,7 @@ class TrainData:
         table = self.manifest.split_table("train", str(self.dataset_dir))
         self.train_edges = np.asarray(table.num_edges)
         self._plans: dict[int, EpochPlan] = {}
-        self._pipelines: Optional[_Pipelines] = None
+        self._pipelines: Optional[EpochPipelines] = None
         self.pipelines_built = 0  # training pipeline sets built so far
 
     def fit(self) -> EpochSize:
@@ -94,7 +76,6 @@ class TrainData:
         workers = self.workers.num_replicas
         global_batch = tc.batch_graphs * workers * dc.backward_passes_per_step
         self.close()
-        self._plans = {}
         first_plan = self.plan(0)
         steps = first_plan.num_steps // dc.backward_passes_per_step
         if tc.max_steps_per_epoch is not None:
@@ -112,11 +93,9 @@ class TrainData:
         """The balanced assignment of training graphs to workers and steps for ``epoch``.
 
         Identical on every worker (a function of the seed and the epoch); every worker runs the
-        same number of steps, so no collective waits on a worker that ran out of data. Plans
-        are kept from ``epoch`` on (the loop asks for the epoch's plan several times, the
-        pipeline made them ahead).
+        same number of steps, so no collective waits on a worker that ran out of data. Kept
+        until ``close`` (asked for several times; ``batches`` makes them ahead).
         """
-        self._plans = {e: p for e, p in self._plans.items() if e >= epoch}
         if epoch not in self._plans:
             tc = self.config.train
             self._plans[epoch] = pipeline.plan_train_epoch(
@@ -136,48 +115,26 @@ class TrainData:
         return self._plans[epoch]
 
     def batches(self, epoch: int, first_step: int, steps_per_epoch: int) -> Batches:
-        """The batches of ``epoch`` from step ``first_step`` on, out of the open pipelines when
-        they read this epoch next, else out of pipelines built now for the epochs from
-        ``epoch`` on (at most ``EPOCHS_PER_PIPELINE``, none after ``train.epochs``; built here, so that the time to build them is not the
-        first step's data wait). The iterator yields, per pass, one (graphs, labels) batch per
-        local replica, in plan order."""
+        """The batches of ``epoch`` from step ``first_step`` on (per pass one (graphs, labels)
+        per local replica, in plan order), out of the open ``EpochPipelines`` if they continue
+        to it, else out of ones built now (not in a step's data wait) up to ``train.epochs``."""
         passes = self.config.distributed.backward_passes_per_step
-        per_epoch = steps_per_epoch * passes
-        open_ = self._pipelines
-        if (
-            open_ is None
-            or open_.next_epoch != epoch
-            or first_step != 0
-            or open_.batches_per_epoch != per_epoch
-        ):
+        per_epoch, skip = steps_per_epoch * passes, first_step * passes  # skip: a resume's
+        if skip or not (self._pipelines and self._pipelines.continues(epoch, per_epoch)):
             self.close()
             end = min(epoch + EPOCHS_PER_PIPELINE, max(self.config.train.epochs, epoch + 1))
             plans = [self.plan(e) for e in range(epoch, end)]
-            # Resuming mid-epoch: the plan is the one made before the interruption; skip what ran.
-            datasets = [
-                pipeline.train_dataset(
-                    self.dataset_dir, self.manifest, plans, worker, steps=per_epoch
-                ).skip(first_step * passes)
-                for worker in self.workers.replica_ids
-            ]
-            with pipeline.read_errors_as_data_error(self.dataset_dir, self.manifest):
-                iterators = [iter(d) for d in datasets]
-            self._pipelines = open_ = _Pipelines(iterators, end, per_epoch, epoch)
+            self._pipelines = EpochPipelines(
+                self.dataset_dir, self.manifest, plans, self.workers.replica_ids, per_epoch, skip
+            )
             self.pipelines_built += 1
-        return self._read(open_, epoch, per_epoch - first_step * passes)
-
-    def _read(self, open_: _Pipelines, epoch: int, limit: int) -> Batches:
-        open_.next_epoch = None
-        with pipeline.read_errors_as_data_error(self.dataset_dir, self.manifest):
-            for i in range(limit):
-                batch = [next(it) for it in open_.iterators]
-                if i + 1 == limit and epoch + 1 < open_.end:
-                    open_.next_epoch = epoch + 1  # the pipelines stand at its first batch
-                yield batch
+        return self._pipelines.epoch(epoch, per_epoch - skip)
 
     def close(self) -> None:
-        """Ends the open training pipelines (their threads and prefetched batches)."""
-        self._pipelines = None
+        """Ends the open training pipelines and drops the plans made so far."""
+        if self._pipelines is not None:
+            self._pipelines.close()
+        self._pipelines, self._plans = None, {}
 
     def eval_batches(self, split: str) -> Iterator[tuple[Any, tf.Tensor]]:
         """(graphs, labels) batches of ``split``, every graph once over all workers: this

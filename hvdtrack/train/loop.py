@@ -179,21 +179,19 @@ class _Fit:
         self.global_step = int(self.t.state.optimizer.step.numpy())
         stopped = False
         clock = timing.PartClock()
-        try:
-            for epoch in range(start_epoch, self.epochs):
-                first = start_step if epoch == start_epoch else 0
-                stopped, val = self._epoch(epoch, first, clock)
-                if stopped:
-                    break
-                clock = timing.PartClock()  # the next epoch's interval starts here
-                self._save(epoch + 1, 0, clock, val)
-                with clock.part("records_s"):
-                    self.commit()  # elastic: workers that joined start here
-                if self._stop_due() and epoch + 1 < self.epochs:
-                    stopped = True
-                    break
-        finally:
-            self.t.data.close()  # the training pipelines, also when a collective failed
+        for epoch in range(start_epoch, self.epochs):
+            first = start_step if epoch == start_epoch else 0
+            stopped, val = self._epoch(epoch, first, clock)
+            if stopped:
+                break
+            clock = timing.PartClock()  # the next epoch's interval starts here
+            self._save(epoch + 1, 0, clock, val)
+            with clock.part("records_s"):
+                self.commit()  # elastic: workers that joined start here
+            if self._stop_due() and epoch + 1 < self.epochs:
+                stopped = True
+                break
+        self.t.data.close()  # the training pipelines (an elastic restart re-fits, closing them)
         return self._finish(stopped)
 
     def follow_workers(self) -> None:
@@ -226,8 +224,7 @@ class _Fit:
         self.history.start_epoch()
         with clock.part("pipeline_s"):
             batches = t.data.batches(epoch, first, t.size.steps_per_epoch)
-        tally = self._steps(epoch, first, batches, clock)
-        batches.close()  # the pipelines stay open for the next epochs
+        tally = self._steps(epoch, first, batches, clock)  # the pipelines stay open after it
         if tally.stopped:
             return True, None
         # Training time: pipeline and steps; step checkpoints, timings and summaries taken out.

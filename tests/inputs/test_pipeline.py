@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -19,6 +21,7 @@ from hvdtrack.inputs.pipeline import (
 from hvdtrack.records import RecordsConfig, encode_graph, open_dataset, write_dataset
 from hvdtrack.records.manifest import GraphInfo
 from hvdtrack.records.shards import EncodedGraph, index_shard_records
+from tests.records.test_schema import hand_made_record, tiny_graph
 
 
 @pytest.fixture(scope="module", params=["none", "gzip"])
@@ -295,6 +298,25 @@ def test_record_of_another_schema_version_is_a_data_error_naming_it(tmp_path, ma
         "re-run hvdtrack prepare",
     ):
         list(iterate_batches(data, tmp_path, manifest))
+
+
+def test_an_edge_outside_its_record_is_a_data_error_naming_record_and_edge(tmp_path, make_graph):
+    # A record that parses (the schema's sizes agree) but whose edge 1 ends on hit 3 of 3: read
+    # by offset with the other graphs of a step, its hits would be another graph's.
+    graph = tiny_graph()
+    broken = dataclasses.replace(graph, event_id=8, receivers=np.array([1, 3], np.int32))
+    info = GraphInfo(8, 3, graph.num_nodes, graph.num_edges, int(graph.labels.sum()))
+    manifest = write_small(
+        tmp_path, make_graph, extra=[EncodedGraph(hand_made_record(1, broken), info)]
+    )
+    ((shard, record),) = [(g.shard, g.record) for g in manifest.graphs if g.event_id == 8]
+    plan = plan_train_epoch(manifest, 1, 7, seed=0, epoch=0)  # all 7 graphs in one step
+    with pytest.raises(
+        DataError,
+        match=rf"record {record} of {manifest.shards[shard].file}: edge 1 has receiver 3, "
+        "outside its 3 hits - re-run hvdtrack prepare",
+    ):
+        list(iterate_batches(train_dataset(tmp_path, manifest, plan, 0), tmp_path, manifest))
 
 
 def test_record_that_cannot_be_parsed_is_a_data_error(tmp_path, make_graph):

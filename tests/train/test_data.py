@@ -8,7 +8,8 @@ import pytest
 from hvdtrack.distributed.workers import make_workers
 from hvdtrack.errors import ConfigError
 from hvdtrack.inputs import pipeline
-from hvdtrack.train.data import EPOCHS_PER_PIPELINE, TrainData
+from hvdtrack.inputs.epochs import EPOCHS_PER_PIPELINE
+from hvdtrack.train.data import TrainData
 
 
 def fingerprint(batch) -> tuple:
