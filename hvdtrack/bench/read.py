@@ -10,7 +10,9 @@ offset (the default) and streamed, gzip shards streamed (a streaming worker read
 parses only its own graphs). The first epoch of each setting is warm-up and not reported;
 figures are the median over the measured epochs (read back to back by one dataset), with min-max
 spread. MB/s counts the graph bytes delivered to the worker; "scanned MB/s" counts shard-file bytes
-read; "setup s" is what a fresh one-epoch dataset costs before its first batch and at teardown.
+read; "setup s" is what a fresh one-epoch dataset costs before its first batch and at teardown;
+"resume s" what it costs to its first batch when it starts at the epoch's last step (a resume),
+the earlier steps left out before reading against read, parsed and dropped.
 """
 
 from __future__ import annotations
@@ -104,6 +106,16 @@ def time_epochs(
         next(iterator)
         del iterator  # tears the pipeline down (joins its threads)
         setups.append(time.perf_counter() - start)
+    last = plans[1].num_steps - 1  # a resume at an epoch's last step: left out, or read and dropped
+    resumes = []
+    for skip, drop in ((last, 0), (0, last)):
+        start = time.perf_counter()
+        iterator = iter(
+            train_dataset(dataset_dir, manifest, plans[1], worker, skip=skip).skip(drop)
+        )
+        next(iterator)
+        del iterator
+        resumes.append(time.perf_counter() - start)
     return {
         "graphs_per_s": graphs / median,
         "edges_per_s": float(np.mean(edges_per_epoch[1:-1])) / median,
@@ -112,6 +124,7 @@ def time_epochs(
         "seconds": median,
         "spread": (float(seconds.min()), float(seconds.max())),
         "setup": setups[-1],
+        "resume": resumes,
         "imbalance": (plans[-1].mean_imbalance, float(plans[-1].unbalanced_step_imbalance.mean())),
     }
 
@@ -175,6 +188,7 @@ def result_row(compression: str, random_access: bool, num_workers: int, result: 
         f"{result['edges_per_s'] / 1e6:>9.2f} {result['mb_per_s']:>7.0f} "
         f"{result['scanned_mb_per_s']:>12.0f} "
         f"{result['seconds']:>8.2f} ({low:.2f}-{high:.2f}) {result['setup']:>8.2f} "
+        f"{result['resume'][0]:>6.2f} / {result['resume'][1]:.2f} "
         f"{balanced:>7.3f} / {unbalanced:.3f}"
     )
 
@@ -199,9 +213,14 @@ def print_table(rows: list[str], start: float) -> None:
     """Prints the table of results with its header and legend, then the time since ``start``."""
     print(
         f"{'compression':<11} {'reading':<8} {'workers':<9} {'graphs/s':>9} {'Medges/s':>9} {'MB/s':>7} "
-        f"{'scanned MB/s':>12} {'epoch s (min-max)':>20} {'setup s':>7} {'edge imbalance':>16}"
+        f"{'scanned MB/s':>12} {'epoch s (min-max)':>20} {'setup s':>7} {'resume s':>13} "
+        f"{'edge imbalance':>16}"
     )
     print("\n".join(rows))
+    print(
+        "resume s: a fresh dataset's first batch at an epoch's last step, its earlier steps "
+        "left out (train_dataset(skip=)) / read and dropped (Dataset.skip)"
+    )
     print(
         "edge imbalance: mean over steps of max/mean edges per worker, balanced plan / "
         "consecutive assignment (1.000 with one worker)"

@@ -52,11 +52,13 @@ class EpochPipelines:
         # The epoch whose first batch the pipelines read next (None inside an epoch).
         self.next_epoch: Optional[int] = None if skip else plans[0].epoch
         datasets = [
-            pipeline.train_dataset(dataset_dir, manifest, plans, r, steps=batches_per_epoch)
+            pipeline.train_dataset(
+                dataset_dir, manifest, plans, r, steps=batches_per_epoch, skip=skip
+            )
             for r in replicas
         ]
         with pipeline.read_errors_as_data_error(dataset_dir, manifest):
-            self._iterators: Optional[list] = [iter(d.skip(skip)) for d in datasets]
+            self._iterators: Optional[list] = [iter(d) for d in datasets]
 
     def continues(self, epoch: int, batches_per_epoch: int) -> bool:
         """Whether the pipelines stand at the first batch of ``epoch``, of that length."""

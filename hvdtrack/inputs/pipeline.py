@@ -165,6 +165,7 @@ def train_dataset(
     worker: int,
     split: str = "train",
     steps: Optional[int] = None,
+    skip: int = 0,
 ) -> tf.data.Dataset:
     """The worker's steps of the plan, in plan order.
 
@@ -181,17 +182,21 @@ def train_dataset(
       split: the split the plan was made for.
       steps: read only each plan's first ``steps`` steps (training: ``train.max_steps_per_epoch``
         or the whole optimizer steps of ``distributed.backward_passes_per_step``).
+      skip: leave out the first plan's first ``skip`` steps (a resume mid-epoch); their
+        records are neither read by offset nor parsed (streamed shards are still read up to
+        them).
 
     Returns:
       A dataset of exactly ``plan.num_steps`` elements ``(GraphsTuple, labels)`` (``steps`` per
-      plan when given; summed over the plans); step s merges the graphs
+      plan when given; summed over the plans, less ``skip``); step s merges the graphs
       ``plan.graph_ids[worker, s]`` in that order. For a ``SubgraphPlan`` it merges the
       subgraphs of those units (``subgraphs.sample_subgraph``, nodes and edges in graph
       order), non-seed edges labelled ``sampling.ignored_label``.
 
     Raises:
       ConfigError: when a plan was not made for this split, plans differ in batch_graphs or
-        num_workers, a plan has fewer than ``steps`` steps, or for a bad worker.
+        num_workers (subgraph plans: or in seed or sampling), a plan has fewer than ``steps``
+        steps, ``skip`` is not less than the first plan's steps, or for a bad worker.
       DataError: for an empty split, a missing or wrongly sized shard, or (random access) a
         shard whose records do not match the manifest.
     """
@@ -209,16 +214,22 @@ def train_dataset(
                 f"the plan of epoch {each.epoch} has {each.num_steps} steps; "
                 f"{steps} were asked for"
             )
-    reader = ShardReader(dataset_dir, manifest, table)
-    if any(isinstance(p, SubgraphPlan) for p in plans):
-        if not all(isinstance(p, SubgraphPlan) for p in plans):
-            raise ConfigError("train_dataset cannot mix subgraph and whole-graph plans")
-        parts = [_subgraph_batches(reader, p, worker).take(steps or -1) for p in plans]
-        return functools.reduce(tf.data.Dataset.concatenate, parts)
     batch_graphs = plans[0].batch_graphs
     per_plan = [steps or p.num_steps for p in plans]
+    if not 0 <= skip < per_plan[0]:
+        raise ConfigError(f"skip={skip} needs 0 <= skip < {per_plan[0]} (the first plan's steps)")
     # Each plan's first steps: its reading order, cut after that many batches of graphs.
     ids = [p.worker_graph_ids(worker)[: n * batch_graphs] for p, n in zip(plans, per_plan)]
+    ids[0] = ids[0][skip * batch_graphs :]
+    reader = ShardReader(dataset_dir, manifest, table)
+    if any(isinstance(p, SubgraphPlan) for p in plans):
+        kinds = {(type(p), getattr(p, "seed", None), getattr(p, "sampling", None)) for p in plans}
+        if len(kinds) > 1:
+            raise ConfigError(
+                "train_dataset cannot mix whole-graph plans and subgraph plans of another seed "
+                "or sampling"
+            )
+        return _subgraph_batches(reader, plans, ids)
     if all(p.shard_order is None for p in plans):
         records = reader.records_by_offset(np.concatenate(ids))
     else:
@@ -229,7 +240,7 @@ def train_dataset(
             for p, mine in zip(plans, ids)
         ]
         records = functools.reduce(tf.data.Dataset.concatenate, parts)
-    return _batches(records, reader, batch_graphs, num_steps=sum(per_plan))
+    return _batches(records, reader, batch_graphs, num_steps=sum(per_plan) - skip)
 
 
 def _check_plan(
@@ -386,19 +397,31 @@ def _batches(
     return merged.prefetch(_PREFETCH_BATCHES).with_options(_FIXED_PARALLELISM)
 
 
-def _subgraph_batches(reader: ShardReader, plan: SubgraphPlan, worker: int) -> tf.data.Dataset:
-    """The worker's steps of a subgraph plan: each unit's graph read by offset, its subgraph
-    sampled (in parallel, order kept), ``batch_graphs`` subgraphs merged per step."""
-    units = plan.worker_graph_ids(worker)
-    graphs = plan.unit_graph[units]
+def _subgraph_batches(
+    reader: ShardReader, plans: Sequence[SubgraphPlan], units: Sequence[np.ndarray]
+) -> tf.data.Dataset:
+    """Steps of subgraph plans (one seed and sampling), the units ``units[i]`` of plan i (whole
+    steps): each unit's graph read by offset, its subgraph sampled (in parallel, order kept),
+    ``batch_graphs`` subgraphs merged per step. One dataset (one trace of its functions) over
+    every plan: a unit's epoch is one of its elements."""
+
+    def column(values: Any) -> np.ndarray:
+        return np.concatenate([values(p)[u] for p, u in zip(plans, units)]).astype(np.int64)
+
+    graphs = column(lambda p: p.unit_graph)
     info = tf.data.Dataset.from_tensor_slices(
-        (graphs, plan.unit_index[units], plan.unit_count[units])
+        (
+            graphs,
+            column(lambda p: p.unit_index),
+            column(lambda p: p.unit_count),
+            column(lambda p: np.full(p.num_graphs, p.epoch)),
+        )
     )
-    sampling, seed, epoch = plan.sampling, plan.seed, plan.epoch
+    sampling, seed, batch_graphs = plans[0].sampling, plans[0].seed, plans[0].batch_graphs
 
     def sample(record: tuple, unit: tuple) -> dict[str, tf.Tensor]:
         shard, index, serialized = record
-        graph, unit_index, unit_count = unit
+        graph, unit_index, unit_count, epoch = unit
         where = tf.strings.join(
             ["record ", tf.strings.as_string(index), " of ", tf.gather(reader.names, shard)]
         )
@@ -441,7 +464,7 @@ def _subgraph_batches(reader: ShardReader, plan: SubgraphPlan, worker: int) -> t
 
     records = tf.data.Dataset.zip(reader.records_by_offset(graphs), info)
     sampled = records.map(sample, num_parallel_calls=_PARALLEL_PARSES, deterministic=True)
-    batched = sampled.ragged_batch(plan.batch_graphs).take(plan.num_steps)
+    batched = sampled.ragged_batch(batch_graphs)  # whole steps: no batch spans two plans
     merged = batched.map(merge, num_parallel_calls=_PARALLEL_PARSES, deterministic=True)
     return merged.prefetch(_PREFETCH_BATCHES).with_options(_FIXED_PARALLELISM)
 

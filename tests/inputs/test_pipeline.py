@@ -119,6 +119,13 @@ def test_several_epochs_are_read_back_to_back_by_one_dataset(dataset, random_acc
     assert len(first) == len(expected) == 6
     for batch, ids in zip(first, expected):
         assert_batch(batch, graphs_of(manifest, "train", ids, by_key))
+    # a resume after the first epoch's first step: the rest of that epoch, then the others
+    resumed = list(train_dataset(path, manifest, plans, worker=1, steps=2, skip=1))
+    assert len(resumed) == len(expected) - 1
+    for batch, ids in zip(resumed, expected[1:]):
+        assert_batch(batch, graphs_of(manifest, "train", ids, by_key))
+    with pytest.raises(ConfigError, match=r"skip=2 needs 0 <= skip < 2 \(the first plan's steps\)"):
+        train_dataset(path, manifest, plans, worker=1, steps=2, skip=2)
     other = plan_train_epoch(manifest, 2, 3, seed=1, epoch=3, random_access=random_access)
     with pytest.raises(ConfigError, match="plans with equal num_workers and batch_graphs"):
         train_dataset(path, manifest, plans + [other], worker=1)
@@ -317,6 +324,28 @@ def test_an_edge_outside_its_record_is_a_data_error_naming_record_and_edge(tmp_p
         "outside its 3 hits - re-run hvdtrack prepare",
     ):
         list(iterate_batches(train_dataset(tmp_path, manifest, plan, 0), tmp_path, manifest))
+
+
+@pytest.mark.parametrize("random_access", [True, False])
+def test_the_skipped_steps_of_a_resume_are_not_parsed(tmp_path, make_graph, random_access):
+    # The broken record of the test above, in a step that a resume skips: no error shows that
+    # its record was not parsed (nor, by offset, read).
+    graph = tiny_graph()
+    broken = dataclasses.replace(graph, event_id=8, receivers=np.array([1, 3], np.int32))
+    info = GraphInfo(8, 3, graph.num_nodes, graph.num_edges, int(graph.labels.sum()))
+    manifest = write_small(
+        tmp_path, make_graph, extra=[EncodedGraph(hand_made_record(1, broken), info)]
+    )
+    (victim,) = [i for i, g in enumerate(manifest.graphs) if g.event_id == 8]
+    for seed in range(20):  # a plan of 7 one-graph steps with the broken one not last
+        plan = plan_train_epoch(manifest, 1, 1, seed, epoch=0, random_access=random_access)
+        (step,) = np.flatnonzero(plan.graph_ids[0, :, 0] == victim)
+        if step < plan.num_steps - 1:
+            break
+    with pytest.raises(DataError, match="edge 1 has receiver 3"):
+        list(iterate_batches(train_dataset(tmp_path, manifest, plan, 0), tmp_path, manifest))
+    rest = train_dataset(tmp_path, manifest, plan, 0, skip=int(step) + 1)
+    assert len(list(iterate_batches(rest, tmp_path, manifest))) == plan.num_steps - step - 1
 
 
 def test_record_that_cannot_be_parsed_is_a_data_error(tmp_path, make_graph):

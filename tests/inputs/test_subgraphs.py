@@ -358,6 +358,28 @@ def test_pipeline_is_reproducible_and_reshuffles_every_epoch(dataset):
     )
 
 
+def test_several_epochs_of_subgraphs_come_out_of_one_dataset_cut_and_resumed(dataset):
+    path, manifest, _ = dataset
+    sampling = SubgraphConfig(enabled=True, seed_edges=6, max_nodes_per_hop=3).sampling(2, 2.0, 1.0)
+    plans = [
+        plan_train_epoch(manifest, 2, 2, seed=3, epoch=e, subgraphs=sampling) for e in range(3)
+    ]
+    assert plans[0].num_steps >= 3
+
+    def read(dataset):
+        return [(g.nodes.numpy().tobytes(), labels.numpy().tobytes()) for g, labels in dataset]
+
+    alone = [read(train_dataset(path, manifest, p, 1).take(2)) for p in plans]
+    assert alone[0] != alone[1]  # the epochs sample differently: reading the wrong one would show
+    together = read(train_dataset(path, manifest, plans, 1, steps=2))
+    assert together == alone[0] + alone[1] + alone[2]
+    resumed = read(train_dataset(path, manifest, plans, 1, steps=2, skip=1))
+    assert resumed == together[1:]
+    reseeded = plan_train_epoch(manifest, 2, 2, seed=4, epoch=3, subgraphs=sampling)
+    with pytest.raises(ConfigError, match="subgraph plans of another seed or sampling"):
+        train_dataset(path, manifest, plans + [reseeded], 1)
+
+
 def test_evaluation_stays_on_whole_graphs(dataset):
     path, manifest, _ = dataset
     total = sum(
