@@ -219,7 +219,8 @@ def print_table(rows: list[str], start: float) -> None:
     print("\n".join(rows))
     print(
         "resume s: a fresh dataset's first batch at an epoch's last step, its earlier steps "
-        "left out (train_dataset(skip=)) / read and dropped (Dataset.skip)"
+        "left out (train_dataset(skip=)) / read and dropped (Dataset.skip), one run each; "
+        "streamed, left out opens only the shards still to read"
     )
     print(
         "edge imbalance: mean over steps of max/mean edges per worker, balanced plan / "

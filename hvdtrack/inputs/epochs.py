@@ -31,7 +31,8 @@ class EpochPipelines:
       plans: the plans of consecutive epochs, the first epoch's first.
       replicas: the workers whose batches this process reads (one pipeline each).
       batches_per_epoch: batches read of each plan (its first ones).
-      skip: batches of the first epoch already trained (a resume mid-epoch).
+      skip: batches of the first epoch already trained (a resume mid-epoch); at least
+        ``batches_per_epoch``: that epoch has nothing left.
 
     Raises:
       ConfigError / DataError: as ``pipeline.train_dataset``.
@@ -51,6 +52,11 @@ class EpochPipelines:
         self.batches_per_epoch = batches_per_epoch
         # The epoch whose first batch the pipelines read next (None inside an epoch).
         self.next_epoch: Optional[int] = None if skip else plans[0].epoch
+        if skip >= batches_per_epoch:
+            # A resume past the end of an epoch made shorter since (train.allow_changed_config):
+            # nothing of it is left to read, and the next epoch builds anew.
+            self._iterators: Optional[list] = []
+            return
         datasets = [
             pipeline.train_dataset(
                 dataset_dir, manifest, plans, r, steps=batches_per_epoch, skip=skip
@@ -58,7 +64,7 @@ class EpochPipelines:
             for r in replicas
         ]
         with pipeline.read_errors_as_data_error(dataset_dir, manifest):
-            self._iterators: Optional[list] = [iter(d) for d in datasets]
+            self._iterators = [iter(d) for d in datasets]
 
     def continues(self, epoch: int, batches_per_epoch: int) -> bool:
         """Whether the pipelines stand at the first batch of ``epoch``, of that length."""

@@ -183,15 +183,15 @@ def train_dataset(
       steps: read only each plan's first ``steps`` steps (training: ``train.max_steps_per_epoch``
         or the whole optimizer steps of ``distributed.backward_passes_per_step``).
       skip: leave out the first plan's first ``skip`` steps (a resume mid-epoch); their
-        records are neither read by offset nor parsed (streamed shards are still read up to
-        them).
+        records are not parsed, nor read by offset; streamed, the shards holding none of the
+        other steps' records are not opened (the others are read through up to them).
 
     Returns:
       A dataset of exactly ``plan.num_steps`` elements ``(GraphsTuple, labels)`` (``steps`` per
       plan when given; summed over the plans, less ``skip``); step s merges the graphs
-      ``plan.graph_ids[worker, s]`` in that order. For a ``SubgraphPlan`` it merges the
-      subgraphs of those units (``subgraphs.sample_subgraph``, nodes and edges in graph
-      order), non-seed edges labelled ``sampling.ignored_label``.
+      ``plan.graph_ids[worker, s]`` in that order (``s + skip`` in the first plan). For a
+      ``SubgraphPlan`` it merges the subgraphs of those units (``subgraphs.sample_subgraph``,
+      nodes and edges in graph order), non-seed edges labelled ``sampling.ignored_label``.
 
     Raises:
       ConfigError: when a plan was not made for this split, plans differ in batch_graphs or
@@ -217,7 +217,9 @@ def train_dataset(
     batch_graphs = plans[0].batch_graphs
     per_plan = [steps or p.num_steps for p in plans]
     if not 0 <= skip < per_plan[0]:
-        raise ConfigError(f"skip={skip} needs 0 <= skip < {per_plan[0]} (the first plan's steps)")
+        raise ConfigError(
+            f"skip={skip} needs 0 <= skip < {per_plan[0]}, the steps read of epoch {plans[0].epoch}"
+        )
     # Each plan's first steps: its reading order, cut after that many batches of graphs.
     ids = [p.worker_graph_ids(worker)[: n * batch_graphs] for p, n in zip(plans, per_plan)]
     ids[0] = ids[0][skip * batch_graphs :]
@@ -405,17 +407,13 @@ def _subgraph_batches(
     ``batch_graphs`` subgraphs merged per step. One dataset (one trace of its functions) over
     every plan: a unit's epoch is one of its elements."""
 
-    def column(values: Any) -> np.ndarray:
-        return np.concatenate([values(p)[u] for p, u in zip(plans, units)]).astype(np.int64)
+    def column(name: str) -> np.ndarray:
+        return np.concatenate([getattr(p, name)[u] for p, u in zip(plans, units)]).astype(np.int64)
 
-    graphs = column(lambda p: p.unit_graph)
+    graphs = column("unit_graph")
+    epochs = np.concatenate([np.full(len(u), p.epoch, np.int64) for p, u in zip(plans, units)])
     info = tf.data.Dataset.from_tensor_slices(
-        (
-            graphs,
-            column(lambda p: p.unit_index),
-            column(lambda p: p.unit_count),
-            column(lambda p: np.full(p.num_graphs, p.epoch)),
-        )
+        (graphs, column("unit_index"), column("unit_count"), epochs)
     )
     sampling, seed, batch_graphs = plans[0].sampling, plans[0].seed, plans[0].batch_graphs
 

@@ -108,10 +108,15 @@ class ShardReader:
         self, graph_ids: np.ndarray, shard_order: np.ndarray, shards_per_group: int
     ) -> tf.data.Dataset:
         """The records ``graph_ids`` out of a stream of the shards in ``shard_order``, read
-        ``shards_per_group`` at a time round-robin (the plan's global order)."""
+        ``shards_per_group`` at a time round-robin (the plan's global order). Shards holding
+        none of them are not opened (a resume's trained steps, another worker's shards):
+        round-robin keeps the other shards' records in their order."""
         k = shards_per_group
+        wanted = np.zeros(self.table.num_shards, dtype=bool)
+        wanted[self.table.shard[graph_ids]] = True
         groups = np.full((-(-len(shard_order) // k), k), -1, dtype=np.int64)
-        groups.reshape(-1)[: len(shard_order)] = shard_order
+        groups.reshape(-1)[: len(shard_order)] = np.where(wanted[shard_order], shard_order, -1)
+        groups = groups[(groups >= 0).any(axis=1)]
         mine = np.zeros(self.table.num_graphs, dtype=bool)
         mine[graph_ids] = True
         is_mine = tf.constant(mine)

@@ -376,8 +376,10 @@ def test_several_epochs_of_subgraphs_come_out_of_one_dataset_cut_and_resumed(dat
     resumed = read(train_dataset(path, manifest, plans, 1, steps=2, skip=1))
     assert resumed == together[1:]
     reseeded = plan_train_epoch(manifest, 2, 2, seed=4, epoch=3, subgraphs=sampling)
-    with pytest.raises(ConfigError, match="subgraph plans of another seed or sampling"):
-        train_dataset(path, manifest, plans + [reseeded], 1)
+    whole = plan_train_epoch(manifest, 2, 2, seed=3, epoch=3)
+    for other in (reseeded, whole):
+        with pytest.raises(ConfigError, match="subgraph plans of another seed or sampling"):
+            train_dataset(path, manifest, plans + [other], 1)
 
 
 def test_evaluation_stays_on_whole_graphs(dataset):
