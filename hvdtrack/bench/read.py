@@ -74,7 +74,9 @@ def time_epochs(
     random_access: bool,
 ) -> dict:
     """Times one worker reading ``repeats`` epochs (after a warm-up epoch) through one dataset,
-    and separately the setup of a fresh one-epoch dataset (build, first batch, teardown)."""
+    separately the setup of a fresh one-epoch dataset (build, first batch, teardown), and a
+    resume's first batch at the epoch's last step, its earlier steps left out / read and
+    dropped."""
     table = manifest.split_table("train")
     graph_bytes = array_bytes(table.num_nodes, table.num_edges)
     shard_bytes = sum(s.num_bytes for s in manifest.shards_in("train"))
@@ -97,7 +99,8 @@ def time_epochs(
     ids = [p.worker_graph_ids(worker) for p in plans[1:]]
     graphs = float(np.mean([len(i) for i in ids]))
     delivered = float(np.mean([graph_bytes[i].sum() for i in ids]))
-    # Streaming reads every shard; reading by offset only this worker's records.
+    # Streaming reads every shard holding any of this worker's records (with a few
+    # workers, every shard); reading by offset only this worker's records.
     scanned = delivered * shard_bytes / graph_bytes.sum() if random_access else shard_bytes
     setups = []
     for plan in plans[:2]:

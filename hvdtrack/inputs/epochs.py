@@ -31,8 +31,9 @@ class EpochPipelines:
       plans: the plans of consecutive epochs, the first epoch's first.
       replicas: the workers whose batches this process reads (one pipeline each).
       batches_per_epoch: batches read of each plan (its first ones).
-      skip: batches of the first epoch already trained (a resume mid-epoch); at least
-        ``batches_per_epoch``: that epoch has nothing left.
+      skip: batches of the first epoch already trained (a resume mid-epoch). When at least
+        ``batches_per_epoch`` (that epoch made shorter since its checkpoint), nothing of it is
+        read: the pipelines start at the next epoch.
 
     Raises:
       ConfigError / DataError: as ``pipeline.train_dataset``.
@@ -52,19 +53,17 @@ class EpochPipelines:
         self.batches_per_epoch = batches_per_epoch
         # The epoch whose first batch the pipelines read next (None inside an epoch).
         self.next_epoch: Optional[int] = None if skip else plans[0].epoch
-        if skip >= batches_per_epoch:
-            # A resume past the end of an epoch made shorter since (train.allow_changed_config):
-            # nothing of it is left to read, and the next epoch builds anew.
-            self._iterators: Optional[list] = []
-            return
+        if skip >= batches_per_epoch:  # a resume past the end (train.allow_changed_config)
+            plans, skip = plans[1:], 0
         datasets = [
             pipeline.train_dataset(
                 dataset_dir, manifest, plans, r, steps=batches_per_epoch, skip=skip
             )
             for r in replicas
+            if plans
         ]
         with pipeline.read_errors_as_data_error(dataset_dir, manifest):
-            self._iterators = [iter(d) for d in datasets]
+            self._iterators: Optional[list] = [iter(d) for d in datasets]
 
     def continues(self, epoch: int, batches_per_epoch: int) -> bool:
         """Whether the pipelines stand at the first batch of ``epoch``, of that length."""
@@ -72,8 +71,12 @@ class EpochPipelines:
         return open_ and batches_per_epoch == self.batches_per_epoch
 
     def epoch(self, epoch: int, limit: int) -> Iterator[list[Any]]:
-        """The next ``limit`` batches, of ``epoch``: per pass one per replica."""
+        """The next ``limit`` batches, of ``epoch``: per pass one per replica (none when
+        ``limit <= 0``, a resume past its end: the pipelines then stand at the next epoch)."""
         self.next_epoch = None  # until its last batch is read
+        if limit <= 0:
+            self.next_epoch = epoch + 1 if epoch + 1 < self.end else None
+            return iter(())
         return self._read(epoch, limit)
 
     def _read(self, epoch: int, limit: int) -> Iterator[list[Any]]:

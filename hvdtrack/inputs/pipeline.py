@@ -10,8 +10,8 @@ graphs in one of two ways, chosen by ``plan_train_epoch``:
 - streaming (gzip shards, which cannot seek): the plan reads shards in a shuffled order,
   ``shards_per_group`` files at a time interleaved round-robin (deterministically, so the stream
   is the plan's global order); the worker keeps only its own records before parsing them. Every
-  worker reads the epoch's shards up to its last record, so reading cost grows with the number
-  of workers.
+  worker reads the epoch's shards that hold any of its records up to its last record, so
+  reading cost grows with the number of workers.
 
 Subgraph mini-batches (a ``SubgraphPlan``, from ``plan_train_epoch(..., subgraphs=...)``): each
 planned unit's graph is read by offset, its seeds' neighbourhood sampled by TensorFlow ops
@@ -183,8 +183,9 @@ def train_dataset(
       steps: read only each plan's first ``steps`` steps (training: ``train.max_steps_per_epoch``
         or the whole optimizer steps of ``distributed.backward_passes_per_step``).
       skip: leave out the first plan's first ``skip`` steps (a resume mid-epoch); their
-        records are not parsed, nor read by offset; streamed, the shards holding none of the
-        other steps' records are not opened (the others are read through up to them).
+        records are not parsed, nor read by offset; streamed, a shard holding none of the
+        remaining steps' records is not opened, one holding some is streamed from its start
+        and the left-out records dropped before parsing.
 
     Returns:
       A dataset of exactly ``plan.num_steps`` elements ``(GraphsTuple, labels)`` (``steps`` per
@@ -225,11 +226,12 @@ def train_dataset(
     ids[0] = ids[0][skip * batch_graphs :]
     reader = ShardReader(dataset_dir, manifest, table)
     if any(isinstance(p, SubgraphPlan) for p in plans):
-        kinds = {(type(p), getattr(p, "seed", None), getattr(p, "sampling", None)) for p in plans}
-        if len(kinds) > 1:
+        if not all(isinstance(p, SubgraphPlan) for p in plans):
+            raise ConfigError("train_dataset cannot mix whole-graph plans and subgraph plans")
+        if len({(p.seed, p.sampling) for p in plans}) > 1:
             raise ConfigError(
-                "train_dataset cannot mix whole-graph plans and subgraph plans of another seed "
-                "or sampling"
+                f"the subgraph plans of epochs {[p.epoch for p in plans]} differ in seed or "
+                "sampling: train_dataset reads the plans of one training run"
             )
         return _subgraph_batches(reader, plans, ids)
     if all(p.shard_order is None for p in plans):

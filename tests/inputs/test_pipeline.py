@@ -328,22 +328,25 @@ def test_an_edge_outside_its_record_is_a_data_error_naming_record_and_edge(tmp_p
 
 @pytest.mark.parametrize("random_access", [True, False])
 def test_the_skipped_steps_of_a_resume_are_not_parsed(tmp_path, make_graph, random_access):
-    # The broken record of the test above, in a step that a resume skips: no error shows that
-    # its record was not parsed.
+    # The broken record of the test above, in a step that a resume skips, in a shard it still
+    # reads (streamed: from its start): no error shows that its record was not parsed.
     graph = tiny_graph()
     broken = dataclasses.replace(graph, event_id=8, receivers=np.array([1, 3], np.int32))
-    info = GraphInfo(8, 3, graph.num_nodes, graph.num_edges, int(graph.labels.sum()))
-    manifest = write_small(
-        tmp_path, make_graph, extra=[EncodedGraph(hand_made_record(1, broken), info)]
-    )
-    (victim,) = [i for i, g in enumerate(manifest.graphs) if g.event_id == 8]
-    for seed in range(20):  # a plan of 7 one-graph steps with the broken one not last
+    extra = [  # with write_small's shuffle, (8, 4) is record 0 of a shard of 2 records
+        EncodedGraph(hand_made_record(1, g), GraphInfo(8, g.section, 3, 2, 1))
+        for g in (dataclasses.replace(graph, event_id=8), dataclasses.replace(broken, section=4))
+    ]
+    manifest = write_small(tmp_path, make_graph, extra=extra)
+    (victim,) = [i for i, g in enumerate(manifest.graphs) if (g.event_id, g.section) == (8, 4)]
+    shard_of = manifest.split_table("train", str(tmp_path)).shard
+    for seed in range(40):  # 8 one-graph steps, a later one from the broken graph's shard
         plan = plan_train_epoch(manifest, 1, 1, seed, epoch=0, random_access=random_access)
-        (step,) = np.flatnonzero(plan.graph_ids[0, :, 0] == victim)
-        if step < plan.num_steps - 1:
+        order = plan.graph_ids[0, :, 0]
+        (step,) = np.flatnonzero(order == victim)
+        if (shard_of[order[step + 1 :]] == shard_of[victim]).any():
             break
     else:
-        pytest.fail("no seed puts the broken graph before the last step")
+        pytest.fail("no seed reads the broken graph's shard after the broken graph's step")
     with pytest.raises(DataError, match="edge 1 has receiver 3"):
         list(iterate_batches(train_dataset(tmp_path, manifest, plan, 0), tmp_path, manifest))
     rest = train_dataset(tmp_path, manifest, plan, 0, skip=int(step) + 1)

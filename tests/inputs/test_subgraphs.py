@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -370,16 +372,23 @@ def test_several_epochs_of_subgraphs_come_out_of_one_dataset_cut_and_resumed(dat
         return [(g.nodes.numpy().tobytes(), labels.numpy().tobytes()) for g, labels in dataset]
 
     alone = [read(train_dataset(path, manifest, p, 1).take(2)) for p in plans]
-    assert alone[0] != alone[1]  # the epochs sample differently: reading the wrong one would show
+    # The epoch drives the sampling: epoch 1's units sampled as epoch 0's differ, so a unit
+    # read under the wrong epoch would show.
+    relabelled = dataclasses.replace(plans[1], epoch=0)
+    assert read(train_dataset(path, manifest, relabelled, 1).take(2)) != alone[1]
     together = read(train_dataset(path, manifest, plans, 1, steps=2))
     assert together == alone[0] + alone[1] + alone[2]
     resumed = read(train_dataset(path, manifest, plans, 1, steps=2, skip=1))
     assert resumed == together[1:]
     reseeded = plan_train_epoch(manifest, 2, 2, seed=4, epoch=3, subgraphs=sampling)
     whole = plan_train_epoch(manifest, 2, 2, seed=3, epoch=3)
-    for other in (reseeded, whole):
-        with pytest.raises(ConfigError, match="subgraph plans of another seed or sampling"):
-            train_dataset(path, manifest, plans + [other], 1)
+    with pytest.raises(
+        ConfigError, match=r"subgraph plans of epochs \[0, 1, 2, 3\] differ in seed"
+    ):
+        train_dataset(path, manifest, plans + [reseeded], 1)
+    whole = plan_train_epoch(manifest, 2, 2, seed=3, epoch=3)
+    with pytest.raises(ConfigError, match="cannot mix whole-graph plans and subgraph plans"):
+        train_dataset(path, manifest, plans + [whole], 1)
 
 
 def test_evaluation_stays_on_whole_graphs(dataset):
