@@ -3,16 +3,16 @@
     python -m hvdtrack.bench.read                      # about 40 s on 2 cores, 190 MB
     python -m hvdtrack.bench.read --graphs 64 --repeats 2
 
-Writes random HitGraphs of realistic size (about 5k nodes / 40k edges, sizes varying +-30%) into
-a temporary directory, once uncompressed and once gzip-compressed, then times whole epochs of
+Writes random HitGraphs of realistic size (about 5k nodes / 40k edges, sizes varying +-30%) into a
+temporary directory, once uncompressed and once gzip-compressed, then times whole epochs of
 ``train_dataset`` as the only worker and as worker 0 of 2: uncompressed shards read by record
-offset (the default) and streamed, gzip shards streamed (a streaming worker reads every shard but
-parses only its own graphs). The first epoch of each setting is warm-up and not reported;
-figures are the median over the measured epochs (read back to back by one dataset), with min-max
-spread. MB/s counts the graph bytes delivered to the worker; "scanned MB/s" counts shard-file bytes
-read; "setup s" is what a fresh one-epoch dataset costs before its first batch and at teardown;
-"resume s" what it costs to its first batch when it starts at the epoch's last step (a resume),
-the earlier steps left out before reading against read, parsed and dropped.
+offset (the default) and streamed, gzip shards streamed (a streaming worker reads every shard
+holding any of its graphs but parses only its own graphs). The first epoch of each setting is
+warm-up and not reported; figures are the median over the measured epochs (read back to back by one
+dataset), with min-max spread. MB/s counts the graph bytes delivered to the worker; "scanned MB/s"
+counts shard-file bytes read; "setup s" is what a fresh one-epoch dataset costs before its first
+batch and at teardown; "resume s" what it costs to its first batch when it starts at the epoch's
+last step (a resume), the earlier steps left out before reading against read, parsed and dropped.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def time_epochs(
     dropped."""
     table = manifest.split_table("train")
     graph_bytes = array_bytes(table.num_nodes, table.num_edges)
-    shard_bytes = sum(s.num_bytes for s in manifest.shards_in("train"))
+    shard_bytes = np.array([s.num_bytes for s in manifest.shards_in("train")], dtype=np.int64)
     plans = [
         plan_train_epoch(
             manifest, num_workers, batch_graphs, seed=0, epoch=e, random_access=random_access
@@ -99,9 +99,12 @@ def time_epochs(
     ids = [p.worker_graph_ids(worker) for p in plans[1:]]
     graphs = float(np.mean([len(i) for i in ids]))
     delivered = float(np.mean([graph_bytes[i].sum() for i in ids]))
-    # Streaming reads every shard holding any of this worker's records (with a few
-    # workers, every shard); reading by offset only this worker's records.
-    scanned = delivered * shard_bytes / graph_bytes.sum() if random_access else shard_bytes
+    # Reading by offset reads only this worker's records; streaming reads every shard holding
+    # any of them, whole (with a few workers, every shard).
+    if random_access:
+        scanned = delivered * shard_bytes.sum() / graph_bytes.sum()
+    else:
+        scanned = float(np.mean([shard_bytes[np.unique(table.shard[i])].sum() for i in ids]))
     setups = []
     for plan in plans[:2]:
         start = time.perf_counter()

@@ -19,3 +19,20 @@ def test_benchmark_prints_every_setting(capsys):
     rows = [line.split()[:3] for line in capsys.readouterr().out.splitlines()]
     for setting in (["none", "offset", "1"], ["none", "stream", "0"], ["gzip", "stream", "1"]):
         assert setting in rows
+
+
+def test_a_streamed_worker_scans_only_the_shards_holding_its_graphs(tmp_path):
+    # One graph per shard: worker 0 of 2 holds half the graphs, so streams half the shards.
+    args = read.parse_args(["--graphs", "8", "--nodes", "20", "--edges", "60"])
+    args.graphs_per_shard = 1
+    manifest = read.write_and_open(read.encoded_dataset(args, 0.0), tmp_path, "none", args)
+    result = read.time_epochs(tmp_path, manifest, 2, 0, 1, 1, random_access=False)
+    plan = read.plan_train_epoch(manifest, 2, 1, seed=0, epoch=1, random_access=False)
+    ids = plan.worker_graph_ids(0)
+    assert len(ids) == 4
+    shards = manifest.shards_in("train")
+    table = manifest.split_table("train")
+    expected = sum(shards[s].num_bytes for s in set(table.shard[ids].tolist()))
+    assert expected < sum(s.num_bytes for s in shards) * 0.6
+    scanned = result["scanned_mb_per_s"] * result["seconds"] * 1e6
+    assert np.isclose(scanned, expected, rtol=1e-9)
