@@ -212,8 +212,12 @@ def test_failed_training_run_is_reported_with_the_ranks_lines(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.extended
 def test_local_strong_sweep_end_to_end(tmp_path):
     # prepare once, horovodrun -np 1 and -np 2 (Gloo), then the report: a few minutes on 2 cores.
+    # Extended: the default run has the same sweep (N = 1, 2, then the report) under SLURM
+    # (tests/slurm/test_scaling_sweep.py), the local commands (dry run above) and a local
+    # training run that fails (above).
     config = tmp_path / "tiny.yaml"
     config.write_text(TINY.format(data=tmp_path / "data"))
     plan = sweep.plan_sweep("strong", (1, 2), config, tmp_path / "out")
