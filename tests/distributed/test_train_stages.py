@@ -15,11 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-# ~1 min on 2 shared cores. Extended: the default run has its parts, stages on two logical
-# devices under horovodrun -np 2 (tests/train/test_stages_horovod.py, exact gradients), the
-# train command with stages (tests/train/test_stages_trainer.py) and whole-graph validation
-# under horovodrun -np 2 (test_minibatch.py).
-pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.extended]
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # ~1 min on 2 shared cores
 PROGRAM = "tests/distributed/test_train_stages.py"
 
 

@@ -127,7 +127,6 @@ def test_mpirun_trains_tiny_across_two_hosts(hosts, tiny_dataset, tmp_path):
     assert_trained(tmp_path)
 
 
-@pytest.mark.extended  # a fault variant: the default run has lost ranks on one host
 def test_a_host_that_disappears_ends_the_job(hosts, tiny_dataset, tmp_path):
     # Unbounded epochs: only the host going away can end the job, however fast the machine.
     args = train_args(tmp_path, tiny_dataset, *unbounded(f"distributed.deadline_s={DEADLINE}"))
