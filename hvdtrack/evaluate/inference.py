@@ -129,7 +129,9 @@ def graph_scorer(model: SegmentClassifier) -> Callable[[Sequence[HitGraph]], lis
 def _scoring_step(model: SegmentClassifier):
     """The model's edge scores as one compiled function of any GraphsTuple size."""
     return tf.function(
-        lambda g: tf.sigmoid(model(g)[-1]), input_signature=[pipeline.input_signature()[0]]
+        lambda g: tf.sigmoid(model(g)[-1]),
+        input_signature=[pipeline.input_signature()[0]],
+        autograph=False,  # the model's control flow is tf.cond / tf.while_loop (see Step)
     )
 
 

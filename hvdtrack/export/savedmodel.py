@@ -46,7 +46,8 @@ class _Serving(tf.Module):
             tf.TensorSpec([None, EDGE_FEATURE_SIZE], tf.float32, name="edges"),
             tf.TensorSpec([None], tf.int32, name="senders"),
             tf.TensorSpec([None], tf.int32, name="receivers"),
-        ]
+        ],
+        autograph=False,  # the model's control flow is tf.cond / tf.while_loop (see Step)
     )
     def serve(self, nodes, edges, senders, receivers):
         graph = gn_graphs.GraphsTuple(

@@ -419,6 +419,7 @@ def _subgraph_batches(
     )
     sampling, seed, batch_graphs = plans[0].sampling, plans[0].seed, plans[0].batch_graphs
 
+    @tf.autograph.experimental.do_not_convert  # as ShardReader.parse_and_merge
     def sample(record: tuple, unit: tuple) -> dict[str, tf.Tensor]:
         shard, index, serialized = record
         graph, unit_index, unit_count, epoch = unit
@@ -457,6 +458,7 @@ def _subgraph_batches(
             "labels": tf.where(is_seed, labels, sampling.ignored_label),
         }
 
+    @tf.autograph.experimental.do_not_convert
     def merge(batch: dict[str, tf.RaggedTensor]) -> tuple[gn_graphs.GraphsTuple, tf.Tensor]:
         n_node = tf.cast(batch["nodes"].row_lengths(), tf.int32)
         n_edge = tf.cast(batch["edges"].row_lengths(), tf.int32)
