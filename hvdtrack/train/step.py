@@ -94,8 +94,8 @@ class TrainStep:
 
     # ----------------------------------------------------------------------------- compiling
     def build(self) -> None:
-        """(Re)defines the compiled parts, traced without AutoGraph (4 s of a tiny run's 11) on
-        first call or by ``compile``; again when the schedule changes (elastic resize)."""
+        """(Re)defines the compiled parts, traced without AutoGraph (4 s of a tiny run's 11-12) on
+        first call or by ``compile``; again when a trace's schedule changes (elastic resize)."""
         workers = self.workers
         scalar = tf.TensorSpec([], tf.float32)
         grad_specs = [tf.TensorSpec(v.shape, v.dtype) for v in self.state.variables]
