@@ -106,10 +106,12 @@ def start_training(np: int, args: list[str], run_dir: Path, timeout: float = 120
 
 
 def checkpoint_weights(run_dir: Path) -> dict:
-    """The model's variables in the newest checkpoint of ``run_dir``, by name."""
+    """The model's variables in the newest intact checkpoint of ``run_dir``, by name."""
     import tensorflow as tf
 
-    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(run_dir / "checkpoints")))
+    from hvdtrack.train.checkpoints import resume_point
+
+    reader = tf.train.load_checkpoint(resume_point(run_dir / "checkpoints").path)
     names = sorted(n for n in reader.get_variable_to_shape_map() if n.startswith("model/"))
     assert names
     return {n: reader.get_tensor(n) for n in names}
@@ -282,10 +284,13 @@ def unbounded(*overrides: str) -> tuple[str, ...]:
 
 
 def checkpoint_step(run_dir: Path) -> int:
-    """The optimizer step held by the newest checkpoint of ``run_dir`` (0 without one)."""
+    """The optimizer step held by the newest intact checkpoint of ``run_dir``, the one a resume
+    takes, even when the ``checkpoint`` file does not list it yet (0 without one)."""
     import tensorflow as tf
 
-    latest = tf.train.latest_checkpoint(str(run_dir / "checkpoints"))
+    from hvdtrack.train.checkpoints import resume_point
+
+    latest = resume_point(run_dir / "checkpoints").path
     if latest is None:
         return 0
     reader = tf.train.load_checkpoint(latest)

@@ -73,7 +73,7 @@ def _seconds(net, batch, devices: list[str], stages: int, micro_batches: int, re
 
     staged = StagedClassifier(net, StagesConfig(stages, micro_batches), devices[:stages])
 
-    @tf.function
+    @tf.function(autograph=False)  # as the training step: no rewriting of what it calls
     def step(graphs, labels):
         _, _, grads = staged.local_terms(graphs, labels, net.trainable_variables, 2.0, 1.0)
         return tf.add_n([tf.reduce_sum(g) for g in grads])

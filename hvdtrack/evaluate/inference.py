@@ -26,6 +26,7 @@ from hvdtrack.model import metrics as metrics_lib
 from hvdtrack.model.classifier import SegmentClassifier
 from hvdtrack.records.manifest import Manifest, open_dataset
 from hvdtrack.records.shards import read_split_graphs
+from hvdtrack.train.checkpoints import resume_point
 
 
 def check_threshold(value: Optional[float], option: str = "--threshold") -> None:
@@ -62,6 +63,14 @@ def check_output(path: Path, option: str) -> None:
     os.remove(probe)
 
 
+def checkpoint_path(run_dir: Path, checkpoint: str) -> Optional[str]:
+    """The checkpoint prefix ``checkpoint`` names in ``run_dir``: for "best" and "latest" the
+    newest intact one in ``best/`` or ``checkpoints/`` (the one a resume would take; None
+    without one); any other value is the path itself."""
+    folder = {"best": run_dir / "best", "latest": run_dir / "checkpoints"}.get(checkpoint)
+    return resume_point(folder).path if folder is not None else checkpoint
+
+
 def load_classifier(
     run_dir: str | Path, checkpoint: str = "best"
 ) -> tuple[SegmentClassifier, Config]:
@@ -78,10 +87,9 @@ def load_classifier(
     if not (run_dir / "config.yaml").exists():
         raise ConfigError(f"{run_dir} is not a training run directory (no config.yaml)")
     config = load_config(run_dir / "config.yaml")
-    folder = {"best": run_dir / "best", "latest": run_dir / "checkpoints"}.get(checkpoint)
-    path = tf.train.latest_checkpoint(str(folder)) if folder is not None else checkpoint
+    path = checkpoint_path(run_dir, checkpoint)
     if not path:
-        raise ConfigError(f"{run_dir}: no '{checkpoint}' checkpoint (looked in {folder})")
+        raise ConfigError(f"{run_dir}: no intact '{checkpoint}' checkpoint")
     model = SegmentClassifier(config.model)
     model(pipeline.placeholder_graph())  # create the variables before restoring into them
     try:

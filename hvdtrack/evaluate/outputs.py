@@ -13,6 +13,7 @@ from typing import Mapping
 import numpy as np
 import tensorflow as tf
 
+from hvdtrack.evaluate.inference import checkpoint_path
 from hvdtrack.model import metrics as edge_lib
 from hvdtrack.tracks import plots
 
@@ -27,8 +28,7 @@ TRACK_SCALARS = (
 
 def checkpoint_step(run_dir: Path, checkpoint: str) -> int:
     """The optimizer step a checkpoint is numbered by (``ckpt-480``), 0 when unnumbered."""
-    folder = {"best": run_dir / "best", "latest": run_dir / "checkpoints"}.get(checkpoint)
-    path = tf.train.latest_checkpoint(str(folder)) if folder is not None else checkpoint
+    path = checkpoint_path(run_dir, checkpoint)
     found = re.search(r"ckpt-(\d+)$", path or "")
     return int(found.group(1)) if found else 0
 

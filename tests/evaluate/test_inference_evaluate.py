@@ -283,8 +283,29 @@ def test_evaluate_names_what_is_missing(known_run, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "config.yaml").write_text((known_run / "config.yaml").read_text())
-    with pytest.raises(ConfigError, match=r"no 'best' checkpoint"):
+    with pytest.raises(ConfigError, match=r"no intact 'best' checkpoint"):
         evaluate_run(empty)
+
+
+def test_best_and_latest_name_the_newest_intact_checkpoint(known_run):
+    """As a resume does: a checkpoint the ``checkpoint`` file does not list yet (a kill between
+    the two writes) counts; a damaged one does not."""
+    import shutil
+
+    from hvdtrack.evaluate.inference import checkpoint_path
+    from hvdtrack.evaluate.outputs import checkpoint_step
+
+    best = known_run / "best"
+    for path in best.glob("ckpt-42.*"):
+        shutil.copy(path, best / path.name.replace("ckpt-42", "ckpt-50"))
+    assert "ckpt-42" in (best / "checkpoint").read_text()
+    assert checkpoint_path(known_run, "best") == str(best / "ckpt-50")
+    assert checkpoint_step(known_run, "best") == 50
+    data = next(best.glob("ckpt-50.data-*"))
+    data.write_bytes(b"\0" * data.stat().st_size)
+    assert checkpoint_path(known_run, "best") == str(best / "ckpt-42")
+    assert checkpoint_step(known_run, "latest") == 0  # no checkpoints/ folder
+    assert checkpoint_path(known_run, "/elsewhere/ckpt-7") == "/elsewhere/ckpt-7"
 
 
 def _prepare_trackml(trackml_dir, dataset, *overrides):
