@@ -10,7 +10,8 @@ scalars and plots also go to ``RUN/tensorboard`` under ``evaluate/SPLIT/``. ``--
 writes all of it into DIR instead (DIR/tensorboard), e.g. for a read-only run directory; an
 output that cannot be written is refused before scoring. ``--threshold`` must lie in (0, 1).
 A run whose run.json says it has not finished is evaluated with a warning naming its status
-and the checkpoint's step.
+and the checkpoint's step (also kept in metrics.json as ``warning``); ``checkpoint_path`` and
+``step`` there name the checkpoint scored.
 
 Two TrackML scores are reported: ``trackml_score`` is TrackML's, over every hit of the event
 (hits outside the graphs, e.g. below the pT cut or outside the barrel, count as missed), and
@@ -78,15 +79,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "read-only",
     )
     args = parser.parse_args(argv)
-    from hvdtrack.evaluate.run import evaluate_run, unfinished_warning  # TensorFlow, after argparse
+    from hvdtrack.evaluate.run import evaluate_run  # TensorFlow, after argparse
 
-    warning = unfinished_warning(args.run, args.checkpoint)
-    if warning:
-        print(f"hvdtrack: {warning}", file=sys.stderr, flush=True)
     result = evaluate_run(
         args.run, args.split, args.checkpoint, args.dataset_dir, args.threshold,
         args.pt_min, args.min_hits, args.min_track_hits, args.output,
     )  # fmt: skip
+    if "warning" in result:
+        print(f"hvdtrack: {result['warning']}", file=sys.stderr, flush=True)
     print("\n".join(summary_lines(result)), flush=True)
     return 0
 

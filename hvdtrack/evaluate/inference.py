@@ -2,14 +2,16 @@
 
 The evaluation command (edge and track metrics, plots) is ``python -m hvdtrack.evaluate``.
 
-Public symbols: ``check_threshold``, ``check_output``, ``load_classifier``, ``to_graphs_tuple``, ``score_graphs``, ``graph_scorer``,
-``score_split``, ``evaluate_split``.
+Public symbols: ``check_threshold``, ``check_output``, ``checkpoint_path``, ``checkpoint_step``,
+``load_classifier``, ``to_graphs_tuple``, ``score_graphs``, ``graph_scorer``, ``score_split``,
+``evaluate_split``.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
@@ -71,10 +73,21 @@ def checkpoint_path(run_dir: Path, checkpoint: str) -> Optional[str]:
     return resume_point(folder).path if folder is not None else checkpoint
 
 
+def checkpoint_step(path: Optional[str]) -> int:
+    """The optimizer step a checkpoint prefix is numbered by (``ckpt-480``), 0 when unnumbered."""
+    found = re.search(r"ckpt-(\d+)$", path or "")
+    return int(found.group(1)) if found else 0
+
+
 def load_classifier(
     run_dir: str | Path, checkpoint: str = "best"
-) -> tuple[SegmentClassifier, Config]:
-    """The trained model of a run directory and the run's config.
+) -> tuple[SegmentClassifier, Config, str]:
+    """The trained model of a run directory, the run's config and the checkpoint prefix the
+    weights were restored from.
+
+    "best" and "latest" are resolved once, here (``checkpoint_path``): what a caller reports
+    (``checkpoint_step`` of the prefix) is what was loaded, even while a training writes newer
+    checkpoints.
 
     Args:
       run_dir: a training run directory (holds ``config.yaml``, ``best/``, ``checkpoints/``).
@@ -100,7 +113,7 @@ def load_classifier(
         raise ConfigError(
             f"checkpoint {path} does not fit the model of {run_dir / 'config.yaml'}: {err}"
         ) from None
-    return model, config
+    return model, config, path
 
 
 def to_graphs_tuple(graphs: Sequence[HitGraph]) -> gn_graphs.GraphsTuple:
@@ -185,7 +198,7 @@ def evaluate_split(
     Raises:
       ConfigError: see ``load_classifier``; DataError: no such split, or damaged records.
     """
-    model, config = load_classifier(run_dir, checkpoint)
+    model, config, _ = load_classifier(run_dir, checkpoint)
     dataset_dir = dataset_dir or config.data.dataset_dir
     manifest = open_dataset(dataset_dir, splits=[split], required=[split])
     scored = list(score_split(model, dataset_dir, manifest, split, config.train.batch_graphs))

@@ -1,19 +1,17 @@
 """What an evaluation writes besides ``metrics.json``: the PNG plots, and the scalars and plots
 in the run's TensorBoard log under ``evaluate/SPLIT/``.
 
-Public symbols: ``checkpoint_step``, ``make_figures``, ``write_figures``, ``write_tensorboard``.
+Public symbols: ``make_figures``, ``write_figures``, ``write_tensorboard``.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 import tensorflow as tf
 
-from hvdtrack.evaluate.inference import checkpoint_path
 from hvdtrack.model import metrics as edge_lib
 from hvdtrack.tracks import plots
 
@@ -24,13 +22,6 @@ TRACK_SCALARS = (
     "fake_rate",
     "duplicate_rate",
 )
-
-
-def checkpoint_step(run_dir: Path, checkpoint: str) -> int:
-    """The optimizer step a checkpoint is numbered by (``ckpt-480``), 0 when unnumbered."""
-    path = checkpoint_path(run_dir, checkpoint)
-    found = re.search(r"ckpt-(\d+)$", path or "")
-    return int(found.group(1)) if found else 0
 
 
 def make_figures(

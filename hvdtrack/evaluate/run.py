@@ -26,7 +26,13 @@ import numpy as np
 from hvdtrack.config import Config, DataConfig
 from hvdtrack.errors import ConfigError, DataError
 from hvdtrack.evaluate import outputs, tracking
-from hvdtrack.evaluate.inference import check_output, check_threshold, load_classifier, score_split
+from hvdtrack.evaluate.inference import (
+    check_output,
+    check_threshold,
+    checkpoint_step,
+    load_classifier,
+    score_split,
+)
 from hvdtrack.model import metrics as edge_lib
 from hvdtrack.model.classifier import SegmentClassifier
 from hvdtrack.prepare.jobs import PREPARE_INFO, prepared_data
@@ -53,17 +59,18 @@ class ScoredSplit:
 
 def open_run(
     run_dir: Path, checkpoint: str, dataset_dir: Optional[str], split: str
-) -> tuple[SegmentClassifier, Config, DataConfig, Manifest]:
-    """The run's model and config, the evaluated dataset's data config (``dataset_data``) and
-    its manifest, which must hold ``split``."""
+) -> tuple[SegmentClassifier, Config, str, DataConfig, Manifest]:
+    """The run's model, config and the checkpoint prefix loaded (``load_classifier``), the
+    evaluated dataset's data config (``dataset_data``) and its manifest, which must hold
+    ``split``."""
     if not run_dir.is_dir():
         raise ConfigError(
             f"{run_dir}: no such run directory - give --run the run_dir of a trained run"
         )
-    model, config = load_classifier(run_dir, checkpoint)
+    model, config, path = load_classifier(run_dir, checkpoint)
     data = dataset_data(run_dir, config.data, dataset_dir)
     manifest = open_dataset(data.dataset_dir, splits=[split], required=[split])
-    return model, config, data, manifest
+    return model, config, path, data, manifest
 
 
 def dataset_data(run_dir: Path, trained: DataConfig, dataset_dir: Optional[str]) -> DataConfig:
@@ -121,16 +128,16 @@ def score_events(
     return ScoredSplit(by_event, scores, labels, edges)
 
 
-def unfinished_warning(run_dir: Path, checkpoint: str) -> Optional[str]:
+def unfinished_warning(run_dir: Path, checkpoint: str, step: int) -> Optional[str]:
     """A warning when ``run.json`` says the run has not finished (running, stopped, failed):
-    its checkpoint is not the trained model's last. None for a finished run or no run.json."""
+    its ``checkpoint`` (of optimizer step ``step``) is not the trained model's last. None for a
+    finished run or no run.json."""
     try:
         status = json.loads((Path(run_dir) / RUN_INFO_FILE).read_text()).get("status")
     except (OSError, ValueError, AttributeError):
         return None
     if status in (None, "finished"):
         return None
-    step = outputs.checkpoint_step(Path(run_dir), checkpoint)
     return (
         f"warning: run {run_dir} has not finished ({RUN_INFO_FILE} status: {status}); "
         f"evaluating its '{checkpoint}' checkpoint of step {step}"
@@ -174,7 +181,7 @@ def evaluate_run(
     started = time.perf_counter()
     check_threshold(threshold)
     run_dir = Path(run_dir)
-    model, config, data, manifest = open_run(run_dir, checkpoint, dataset_dir, split)
+    model, config, path, data, manifest = open_run(run_dir, checkpoint, dataset_dir, split)
     threshold = config.train.thresholds[0] if threshold is None else threshold
     pt_min = data.graph.pt_min if pt_min is None else pt_min
     # Another dataset's evaluation goes beside the run's own, never over it.
@@ -193,7 +200,8 @@ def evaluate_run(
         "split": split,
         "out": str(out),
         "checkpoint": checkpoint,
-        "step": outputs.checkpoint_step(run_dir, checkpoint),
+        "checkpoint_path": path,
+        "step": checkpoint_step(path),
         "dataset_dir": str(data.dataset_dir),
         "events": len(scored.by_event),
         "graphs": scored.graphs,
@@ -210,6 +218,9 @@ def evaluate_run(
     )
     outputs.write_figures(out, figures)
     outputs.write_tensorboard(board, name, result["step"], scored.edges, tracks, figures)
+    warning = unfinished_warning(run_dir, checkpoint, result["step"])
+    if warning:
+        result["warning"] = warning
     result["seconds"] = round(time.perf_counter() - started, 2)
     write_json(out / "metrics.json", result)
     return result

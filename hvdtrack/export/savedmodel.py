@@ -6,8 +6,8 @@ The serving signature ``serving_default`` takes one graph, ``nodes`` float32 [N,
 hit), and returns ``scores`` float32 [E] (sigmoid of the last step's logit, as ``evaluate``).
 The model is traced under ``kernels.plain_ops`` (layer norms and segment sums in TensorFlow ops)
 so the saved graph holds no custom op.
-``EXPORT_INFO`` beside the model records the run, checkpoint and the graph config that makes
-its inputs.
+``EXPORT_INFO`` beside the model records the run, the checkpoint asked for and the one loaded
+(``checkpoint_path``, its ``step``), and the graph config that makes its inputs.
 
 Public symbols: ``EXPORT_INFO``, ``SIGNATURE``, ``export_run``, ``custom_ops``.
 """
@@ -21,7 +21,7 @@ import tensorflow as tf
 from graph_nets import graphs as gn_graphs
 
 from hvdtrack.errors import ConfigError
-from hvdtrack.evaluate.inference import check_output, load_classifier
+from hvdtrack.evaluate.inference import check_output, checkpoint_step, load_classifier
 from hvdtrack.model.kernels import plain_ops
 from hvdtrack.records.schema import EDGE_FEATURE_SIZE, NODE_FEATURE_SIZE
 from hvdtrack.utils.io import Staged, write_json
@@ -81,7 +81,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str = "best") -
     """
     out = Path(out)
     check_output(out.parent, "--out")  # written beside, then renamed: before any work
-    model, config = load_classifier(run_dir, checkpoint)
+    model, config, path = load_classifier(run_dir, checkpoint)
     serving = _Serving(model)
     with plain_ops():
         function = serving.serve.get_concrete_function()
@@ -91,6 +91,8 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str = "best") -
     info = {
         "run_dir": str(run_dir),
         "checkpoint": checkpoint,
+        "checkpoint_path": path,
+        "step": checkpoint_step(path),
         "signature": SIGNATURE,
         "inputs": {
             "nodes": ["float32", [None, NODE_FEATURE_SIZE]],

@@ -16,6 +16,7 @@ from hvdtrack.errors import DataError
 from hvdtrack.evaluate.inference import (
     check_output,
     check_threshold,
+    checkpoint_step,
     graph_scorer,
     load_classifier,
 )
@@ -64,7 +65,7 @@ def reconstruct(
     out = Path(run_dir) / "reconstruct" if out is None else Path(out)
     check_output(out, "--out")  # before any event is read: a read-only run directory
     prefixes = event_prefixes(events)
-    model, config = load_classifier(run_dir, checkpoint)
+    model, config, path = load_classifier(run_dir, checkpoint)
     threshold = config.train.thresholds[0] if threshold is None else threshold
     job = _Job(graph_scorer(model), config.data.graph, threshold, min_track_hits, score, pt_cut)
     job.seconds["model"] = time.perf_counter() - started
@@ -77,6 +78,8 @@ def reconstruct(
         summary = {
             "run_dir": str(run_dir),
             "checkpoint": checkpoint,
+            "checkpoint_path": path,
+            "step": checkpoint_step(path),
             "out": str(out),
             "events": len(prefixes),
             "events_with_pt_cut": job.cut_events,

@@ -290,22 +290,47 @@ def test_evaluate_names_what_is_missing(known_run, tmp_path):
 def test_best_and_latest_name_the_newest_intact_checkpoint(known_run):
     """As a resume does: a checkpoint the ``checkpoint`` file does not list yet (a kill between
     the two writes) counts; a damaged one does not."""
-    import shutil
-
-    from hvdtrack.evaluate.inference import checkpoint_path
-    from hvdtrack.evaluate.outputs import checkpoint_step
+    from hvdtrack.evaluate.inference import checkpoint_path, checkpoint_step
 
     best = known_run / "best"
-    for path in best.glob("ckpt-42.*"):
-        shutil.copy(path, best / path.name.replace("ckpt-42", "ckpt-50"))
+    _copy_checkpoint(best, 42, 50)
     assert "ckpt-42" in (best / "checkpoint").read_text()
     assert checkpoint_path(known_run, "best") == str(best / "ckpt-50")
-    assert checkpoint_step(known_run, "best") == 50
+    assert checkpoint_step(checkpoint_path(known_run, "best")) == 50
     data = next(best.glob("ckpt-50.data-*"))
     data.write_bytes(b"\0" * data.stat().st_size)
     assert checkpoint_path(known_run, "best") == str(best / "ckpt-42")
-    assert checkpoint_step(known_run, "latest") == 0  # no checkpoints/ folder
+    assert checkpoint_path(known_run, "latest") is None  # no checkpoints/ folder
+    assert checkpoint_step(None) == 0
     assert checkpoint_path(known_run, "/elsewhere/ckpt-7") == "/elsewhere/ckpt-7"
+
+
+def test_the_step_reported_is_that_of_the_weights_scored(known_run, monkeypatch):
+    """A training still writing checkpoints: one that appears after the model was loaded is not
+    the one the evaluation reports (step, path, the unfinished-run warning)."""
+    from hvdtrack.evaluate import run as evaluate_module
+
+    (known_run / "run.json").write_text(json.dumps({"status": "running"}))
+    score_events = evaluate_module.score_events
+
+    def newer_checkpoint_while_scoring(*args):
+        _copy_checkpoint(known_run / "best", 42, 60)  # as the training writes its next best
+        return score_events(*args)
+
+    monkeypatch.setattr(evaluate_module, "score_events", newer_checkpoint_while_scoring)
+    result = evaluate_module.evaluate_run(known_run, pt_min=1)
+    assert (known_run / "best" / "ckpt-60.index").exists()
+    assert (result["step"], result["checkpoint_path"]) == (42, str(known_run / "best/ckpt-42"))
+    assert result["warning"].endswith("evaluating its 'best' checkpoint of step 42")
+    assert strict_json(known_run / "evaluate-test" / "metrics.json")["step"] == 42
+
+
+def _copy_checkpoint(folder, step, new_step):
+    """A copy of ``folder/ckpt-step`` as ``ckpt-new_step``, not listed in its checkpoint file."""
+    import shutil
+
+    for path in folder.glob(f"ckpt-{step}.*"):
+        shutil.copy(path, folder / path.name.replace(f"ckpt-{step}", f"ckpt-{new_step}"))
 
 
 def _prepare_trackml(trackml_dir, dataset, *overrides):

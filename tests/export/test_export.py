@@ -4,6 +4,7 @@ and that gives the run's edge scores; converted to ONNX, onnxruntime gives the s
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -35,7 +36,7 @@ def test_the_export_scores_like_the_run_in_plain_tensorflow_and_onnx(tiny_run, t
 
     out = tmp_path / "model"
     assert run(main, ["--run", str(tiny_run), "--out", str(out)]) == 0
-    model, config = load_classifier(tiny_run)
+    model, config, path = load_classifier(tiny_run)
     dataset = config.data.dataset_dir
     manifest = open_dataset(dataset, splits=["test"], required=["test"])
     graph = max(
@@ -55,6 +56,8 @@ def test_the_export_scores_like_the_run_in_plain_tensorflow_and_onnx(tiny_run, t
     np.testing.assert_allclose(scores, expected, rtol=0, atol=1e-5)
     assert b"Hvdtrack" not in (out / "saved_model.pb").read_bytes()  # no fused kernel op
     info = json.loads((out / EXPORT_INFO).read_text())
+    assert (info["checkpoint"], info["checkpoint_path"]) == ("best", path)
+    assert f"ckpt-{info['step']}" == Path(path).name
     assert info["data.graph"]["pt_min"] == config.data.graph.pt_min
 
     import onnxruntime

@@ -34,6 +34,8 @@ def test_with_truth_it_scores_what_evaluate_scores(tiny_run, tiny_dataset, tmp_p
     assert "score: TrackML score" in capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["events"] == summary["events_with_pt_cut"] == evaluated["events"]
+    for key in ("checkpoint_path", "step"):  # the same weights
+        assert summary[key] == evaluated[key], key
     assert summary["graphs"] == evaluated["graphs"]
     assert summary["edges"] == evaluated["edges"]["num_edges"]
     for key in ("trackml_score", "trackml_score_in_graphs", "efficiency", "fake_rate"):

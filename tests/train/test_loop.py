@@ -1,6 +1,7 @@
 """The training loop on one process: learning, one trace, exact resume, clear failures."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -154,8 +155,13 @@ def test_checkpoint_scores_new_graphs(tiny_config, tiny_dataset):
     config = tiny_config("train.epochs=2", run="infer")
     trainer = Trainer(config)
     fit(trainer)
-    model, loaded = load_classifier(config.train.run_dir, "latest")
+    model, loaded, path = load_classifier(config.train.run_dir, "latest")
     assert loaded.model == config.model
+    assert path == str(
+        Path(config.train.run_dir)
+        / "checkpoints"
+        / f"ckpt-{int(trainer.state.optimizer.step.numpy())}"
+    )
     for a, b in zip(model.trainable_variables, trainer.state.variables):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     graphs = [g for _, g in read_split_graphs(tiny_dataset, open_dataset(tiny_dataset), "test")]
