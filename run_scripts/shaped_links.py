@@ -39,9 +39,10 @@ after the barrier, which itself ends as a cycle ends, so the allreduce waits abo
 before Horovod's loop takes it. ``random``: every rank then pauses the same time, uniform in
 [0, cycle) and drawn from the iteration's number, so the allreduce starts at a random point of
 the cycle, as a training step's gradients do when its compute ends (the model's "ring + cycle"
-counts half a cycle, ``maths.cycle_wait``). A long cycle (``--cycle-ms 20``, the configs') on
-the bare link checks the model's cycle term. ``--tensors model``: instead of one tensor of the
-gradient's bytes, the default model's 28 variables with the step's loss and weight sums and
+counts half a cycle, ``maths.cycle_wait`` of ranks that submit together; in training the last
+rank also waits for the loop running latest, which ``run_scripts/horovod_cycles.py`` reads from a
+timeline). A long cycle (``--cycle-ms 20``, the configs') on the bare link checks that term.
+``--tensors model``: instead of one tensor of the gradient's bytes, the default model's 28 variables with the step's loss and weight sums and
 its requests (``step_tensors``), in one grouped allreduce in a compiled function, as the training
 step exchanges them; the model's figures then take the variables' bytes (``--gradient-bytes``
 is refused).

@@ -178,10 +178,12 @@ def _predict(args: argparse.Namespace) -> None:
         f"fusion {model.fusion_bytes / 2**20:g} MiB; ceiling {ceiling:g} "
         f"({args.ranks_per_host} rank(s) per host)"
     )
-    cycle_ms = maths.cycle_wait(model.gradient_bytes, model.cycle_s, model.fusion_bytes) * 1e3
+    sizes = (model.gradient_bytes, model.cycle_s, model.fusion_bytes)
+    own, two = (maths.cycle_wait(*sizes, n) * 1e3 for n in (1, 2))
     print(
         f"N=1 exchange: measured {model.exchange_s * 1e3:.2f} ms (the model's N=1 step holds "
-        f"it); N>1: the cycle's wait {cycle_ms:.2f} ms"
+        f"it); N>1: the cycle's wait {own:.2f} ms for the last rank's own loop, with the "
+        f"latest loop's lag {two:.2f} ms at N=2 and up to {own + model.cycle_s * 500:.2f} ms"
     )
     for note in model.notes:
         print(f"  note: {note}")

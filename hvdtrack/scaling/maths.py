@@ -21,18 +21,17 @@ step of N workers, fed by the N=1 run's measured steps (``baseline_inputs`` -> `
   deterministic.
 - ceiling (0, 1]: t_alone / t_concurrent when ranks share a host (``bench distributed``'s
   "ceiling"); 1.0 unless given.
-- cycle: Horovod's background loop picks up the gradients on average half a cycle after they are
-  ready, once per fused round: ceil(B / fusion buffer) x cycle / 2 (``cycle_wait``); the cycle
-  from run.json's config (``distributed.horovod_cycle_time_ms``), else Horovod 0.28.1's default
-  1 ms; the fusion buffer is Horovod's default, 128 MiB. None for strategies without Horovod's
-  loop. At N = 1 the term is the N=1 run's measured exchange, whatever the strategy.
+- cycle: the last rank's gradients wait half a cycle per fused round (ceil(B / fusion buffer))
+  for its own Horovod loop, then cycle (N-1)/(2N) for the loop running latest (``cycle_wait``);
+  the cycle from run.json's config (``distributed.horovod_cycle_time_ms``), else Horovod
+  0.28.1's default 1 ms; fusion buffer Horovod's 128 MiB. None without Horovod's loop; at N = 1
+  the N=1 run's measured exchange, whatever the strategy.
 - t(N): ring allreduce of the B gradient bytes, no overlap with compute:
   t(N) = 2(N-1)/N * B / bandwidth + 2(N-1) * latency (``network.ring_allreduce_time``).
 
 At N = 1 the model's step is a + b mean(E) + the N=1 run's measured exchange
 (``StepModel.exchange_s``): on one rank hvdtrack's exchange is the identity, as Horovod's
-``DistributedGradientTape`` makes it (``HorovodWorkers.alone``), not a trip through the loop;
-runs from before that shortcut measured that trip there (14-15 ms a step at a 20 ms cycle).
+``DistributedGradientTape`` makes it (``HorovodWorkers.alone``), not a trip through the loop.
 Strong-scaling efficiency step(1) / (N step(N)), weak step(1) / step(N). ``validate_against``
 puts each term beside what a measured run shows: its exchange (cycle, allreduce and the wait for
 slower ranks), the exchange of the rank last to finish its work (cycle and allreduce alone), its
@@ -73,10 +72,8 @@ def step_statistics(values: Sequence[float] | np.ndarray) -> dict[str, float]:
     for one value). DataError when empty (all steps warm-up)."""
     x = pd.Series(np.asarray(values, dtype=np.float64).ravel())
     if x.empty:
-        raise DataError(
-            "no timing values to summarise (are all steps marked warm-up? "
-            "lower scaling.timing_warmup_steps or run more steps)"
-        )
+        raise DataError("no timing values to summarise (are all steps marked warm-up? lower "
+                        "scaling.timing_warmup_steps or run more steps)")  # fmt: skip
     stats = x.agg(["mean", "std", "min", "max", "median"]).fillna(0.0)
     return {**{k: float(v) for k, v in stats.items()}, "count": int(x.size)}
 
@@ -241,12 +238,16 @@ def cycle_wait(
     gradient_bytes: float,
     cycle_s: float = HOROVOD_CYCLE_S,
     fusion_bytes: int = HOROVOD_FUSION_BYTES,
+    n: int = 1,
 ) -> float:
-    """Seconds the gradients wait for Horovod's background cycle: half a cycle on average for
-    each of the ceil(gradient_bytes / fusion_bytes) fused rounds."""
+    """Seconds the last of ``n`` ranks' gradients wait for Horovod's loops: half a cycle per
+    fused round (ceil(gradient_bytes / fusion_bytes)) for its own, then once the lag of the loop
+    starting latest in the cycle, whose collective the ranks agree in; no loop is realigned by
+    it (``RunLoopOnce`` sleeps to its own last start + the cycle). Phases uniform over a cycle:
+    cycle (n-1)/(2n) on average. n=1: ranks that submit together, as after a barrier."""
     if fusion_bytes <= 0:
         raise ValueError(f"fusion_bytes must be > 0, got {fusion_bytes}")
-    return math.ceil(gradient_bytes / fusion_bytes) * cycle_s / 2
+    return (math.ceil(gradient_bytes / fusion_bytes) + (n - 1) / n) * cycle_s / 2
 
 
 def straggler_wait(model: StepModel, n: int, mode: str) -> float:
@@ -284,15 +285,14 @@ def predict_scaling(
         raise ValueError(f"ceiling must be > 0 (t_alone / t_concurrent), got {ceiling}")
     if mode not in ("strong", "weak"):
         raise ValueError(f"mode must be 'strong' or 'weak', got {mode!r}")
-    wait = cycle_wait(model.gradient_bytes, model.cycle_s, model.fusion_bytes)
-    out = []
+    out, sizes = [], (model.gradient_bytes, model.cycle_s, model.fusion_bytes)
     for n in ns:
         slow = 1.0 if n == 1 else 1.0 / ceiling
         edges = float(np.mean(model.edges)) / (n if mode == "strong" else 1)
         compute, fixed = slow * model.per_edge_s * edges, slow * model.fixed_s
         straggler = slow * straggler_wait(model, n, mode) if n > 1 else 0.0
         allreduce = ring_allreduce_time(model.gradient_bytes, n, network)
-        cycle = wait if n > 1 else model.exchange_s
+        cycle = cycle_wait(*sizes, n) if n > 1 else model.exchange_s
         step = compute + fixed + straggler + cycle + allreduce
         modelled = efficiency(mode, model.step_s + model.exchange_s, step, n)
         out.append(Prediction(n, compute, fixed, straggler, cycle, allreduce, step, modelled))
