@@ -31,21 +31,20 @@ process, so 8 ranks on 2 cores time the CPU's sharing as much as the link.
 No added delay unless ``--delay-ms``: that needs tc's netem, which a kernel without
 CONFIG_NET_SCH_NETEM refuses (tc's message is shown). ``--queue-ms`` is tbf's queue (its
 latency, default 100 ms at the rate; 5 ms made the 10 Mbit/s allreduce slower, not faster, at
-N = 4 and 8). ``--cycle-ms`` sets HOROVOD_CYCLE_TIME
-(Horovod 0.28.1's default: 1 ms).
+N = 4 and 8). ``--cycle-ms`` sets HOROVOD_CYCLE_TIME (Horovod 0.28.1's default: 1 ms).
 
 ``--phase``: when an allreduce starts within Horovod's cycle. ``barrier`` (the default): right
 after the barrier, which itself ends as a cycle ends, so the allreduce waits about a whole cycle
 before Horovod's loop takes it. ``random``: every rank then pauses the same time, uniform in
 [0, cycle) and drawn from the iteration's number, so the allreduce starts at a random point of
 the cycle, as a training step's gradients do when its compute ends (the model's "ring + cycle"
-counts half a cycle, ``maths.cycle_wait`` of ranks that submit together; in training the last
-rank also waits for the loop running latest, which ``run_scripts/horovod_cycles.py`` reads from a
-timeline). A long cycle (``--cycle-ms 20``, the configs') on the bare link checks that term.
-``--tensors model``: instead of one tensor of the gradient's bytes, the default model's 28 variables with the step's loss and weight sums and
-its requests (``step_tensors``), in one grouped allreduce in a compiled function, as the training
-step exchanges them; the model's figures then take the variables' bytes (``--gradient-bytes``
-is refused).
+counts half a cycle, ``maths.cycle_wait`` with loops in phase, as idle ones stay; in training
+the last rank also waits for the latest loop, ``run_scripts/horovod_cycles.py``). A long cycle
+(``--cycle-ms 20``, the configs') on the bare link checks that term. ``--tensors model``:
+instead of one tensor of the gradient's bytes, the default model's 28 variables with the step's
+loss and weight sums and its requests (``step_tensors``), in one grouped allreduce in a compiled
+function, as the training step exchanges them; the model's figures then take the variables'
+bytes (``--gradient-bytes`` is refused).
 
 Runs only when no test hosts are up (they belong to someone else then) and holds the test
 sessions' lock (``/tmp/hvdtrack-hosts.lock``) throughout, so test sessions wait for it.

@@ -283,7 +283,7 @@ def unbounded(*overrides: str) -> tuple[str, ...]:
     return (f"train.epochs={UNBOUNDED_EPOCHS}", *overrides)
 
 
-def checkpoint_step(run_dir: Path) -> int:
+def saved_step(run_dir: Path) -> int:
     """The optimizer step held by the newest intact checkpoint of ``run_dir``, the one a resume
     takes, even when the ``checkpoint`` file does not list it yet (0 without one)."""
     import tensorflow as tf
@@ -300,6 +300,6 @@ def checkpoint_step(run_dir: Path) -> int:
 def stop_at(run_dir: Path, step: int) -> str:
     """The override that makes the next run in ``run_dir`` (a resume, or a fresh start) stop
     at optimizer step ``step`` (``train.stop_after_steps`` counts from where it resumes)."""
-    done = checkpoint_step(run_dir)
+    done = saved_step(run_dir)
     assert step > done, f"{run_dir} already holds step {done} >= {step}"
     return f"train.stop_after_steps={step - done}"

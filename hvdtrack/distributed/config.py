@@ -94,8 +94,9 @@ class DistributedConfig:
 
     ``horovod_cycle_time_ms`` sets Horovod's background-loop period (HOROVOD_CYCLE_TIME). On CPU
     nodes where ranks fill every core, a longer cycle leaves more CPU to compute (here, 2 ranks
-    on 2 cores: 20 ms made a 1-graph step 0.59 s instead of 0.72 s); each collective may then wait
-    up to one cycle, so keep it short on GPUs.
+    on 2 cores: 20 ms made a 1-graph step 0.59 s instead of 0.72 s); the last rank to reach a
+    collective then waits three quarters of a cycle on average at 2 ranks (its own loop, then
+    the latest rank's: ``scaling.maths.cycle_wait``), so keep it short on GPUs.
 
     ``deadline_s``: a rank that dies or stops answering ends the whole job, with an error naming
     it, within about this many seconds (MultiWorker: the workers still running exit). Under

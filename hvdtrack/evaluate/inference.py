@@ -2,16 +2,14 @@
 
 The evaluation command (edge and track metrics, plots) is ``python -m hvdtrack.evaluate``.
 
-Public symbols: ``check_threshold``, ``check_output``, ``checkpoint_path``, ``checkpoint_step``,
-``load_classifier``, ``to_graphs_tuple``, ``score_graphs``, ``graph_scorer``, ``score_split``,
-``evaluate_split``.
+Public symbols: ``check_threshold``, ``check_output``, ``checkpoint_path``, ``load_classifier``,
+``to_graphs_tuple``, ``score_graphs``, ``graph_scorer``, ``score_split``, ``evaluate_split``.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
 import tempfile
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
@@ -73,12 +71,6 @@ def checkpoint_path(run_dir: Path, checkpoint: str) -> Optional[str]:
     return resume_point(folder).path if folder is not None else checkpoint
 
 
-def checkpoint_step(path: Optional[str]) -> int:
-    """The optimizer step a checkpoint prefix is numbered by (``ckpt-480``), 0 when unnumbered."""
-    found = re.search(r"ckpt-(\d+)$", path or "")
-    return int(found.group(1)) if found else 0
-
-
 def load_classifier(
     run_dir: str | Path, checkpoint: str = "best"
 ) -> tuple[SegmentClassifier, Config, str]:
@@ -86,7 +78,7 @@ def load_classifier(
     weights were restored from.
 
     "best" and "latest" are resolved once, here (``checkpoint_path``): what a caller reports
-    (``checkpoint_step`` of the prefix) is what was loaded, even while a training writes newer
+    (``checkpoints.number`` of the prefix) is what was loaded, even while a training writes newer
     checkpoints.
 
     Args:

@@ -29,7 +29,6 @@ from hvdtrack.evaluate import outputs, tracking
 from hvdtrack.evaluate.inference import (
     check_output,
     check_threshold,
-    checkpoint_step,
     load_classifier,
     score_split,
 )
@@ -39,6 +38,7 @@ from hvdtrack.prepare.jobs import PREPARE_INFO, prepared_data
 from hvdtrack.records.manifest import Manifest, open_dataset
 from hvdtrack.runs.timing import RUN_INFO_FILE
 from hvdtrack.tracks import building
+from hvdtrack.train.checkpoints import number
 from hvdtrack.utils.io import write_json
 
 
@@ -128,10 +128,10 @@ def score_events(
     return ScoredSplit(by_event, scores, labels, edges)
 
 
-def unfinished_warning(run_dir: Path, checkpoint: str, step: int) -> Optional[str]:
+def unfinished_warning(run_dir: Path, checkpoint: str, step: Optional[int]) -> Optional[str]:
     """A warning when ``run.json`` says the run has not finished (running, stopped, failed):
-    its ``checkpoint`` (of optimizer step ``step``) is not the trained model's last. None for a
-    finished run or no run.json."""
+    its ``checkpoint`` (of optimizer step ``step``, None when unnumbered) is not the trained
+    model's last. None for a finished run or no run.json."""
     try:
         status = json.loads((Path(run_dir) / RUN_INFO_FILE).read_text()).get("status")
     except (OSError, ValueError, AttributeError):
@@ -140,7 +140,7 @@ def unfinished_warning(run_dir: Path, checkpoint: str, step: int) -> Optional[st
         return None
     return (
         f"warning: run {run_dir} has not finished ({RUN_INFO_FILE} status: {status}); "
-        f"evaluating its '{checkpoint}' checkpoint of step {step}"
+        f"evaluating its '{checkpoint}' checkpoint" + ("" if step is None else f" of step {step}")
     )
 
 
@@ -182,6 +182,7 @@ def evaluate_run(
     check_threshold(threshold)
     run_dir = Path(run_dir)
     model, config, path, data, manifest = open_run(run_dir, checkpoint, dataset_dir, split)
+    warning = unfinished_warning(run_dir, checkpoint, number(path))  # the run's status as loaded
     threshold = config.train.thresholds[0] if threshold is None else threshold
     pt_min = data.graph.pt_min if pt_min is None else pt_min
     # Another dataset's evaluation goes beside the run's own, never over it.
@@ -201,7 +202,7 @@ def evaluate_run(
         "out": str(out),
         "checkpoint": checkpoint,
         "checkpoint_path": path,
-        "step": checkpoint_step(path),
+        "step": number(path),
         "dataset_dir": str(data.dataset_dir),
         "events": len(scored.by_event),
         "graphs": scored.graphs,
@@ -217,8 +218,7 @@ def evaluate_run(
         scored.scores, scored.labels, scored.edges, tracks, threshold, title
     )
     outputs.write_figures(out, figures)
-    outputs.write_tensorboard(board, name, result["step"], scored.edges, tracks, figures)
-    warning = unfinished_warning(run_dir, checkpoint, result["step"])
+    outputs.write_tensorboard(board, name, result["step"] or 0, scored.edges, tracks, figures)
     if warning:
         result["warning"] = warning
     result["seconds"] = round(time.perf_counter() - started, 2)

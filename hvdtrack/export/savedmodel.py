@@ -21,9 +21,10 @@ import tensorflow as tf
 from graph_nets import graphs as gn_graphs
 
 from hvdtrack.errors import ConfigError
-from hvdtrack.evaluate.inference import check_output, checkpoint_step, load_classifier
+from hvdtrack.evaluate.inference import check_output, load_classifier
 from hvdtrack.model.kernels import plain_ops
 from hvdtrack.records.schema import EDGE_FEATURE_SIZE, NODE_FEATURE_SIZE
+from hvdtrack.train.checkpoints import number
 from hvdtrack.utils.io import Staged, write_json
 
 EXPORT_INFO = "hvdtrack-export.json"
@@ -92,7 +93,7 @@ def export_run(run_dir: str | Path, out: str | Path, checkpoint: str = "best") -
         "run_dir": str(run_dir),
         "checkpoint": checkpoint,
         "checkpoint_path": path,
-        "step": checkpoint_step(path),
+        "step": number(path),
         "signature": SIGNATURE,
         "inputs": {
             "nodes": ["float32", [None, NODE_FEATURE_SIZE]],

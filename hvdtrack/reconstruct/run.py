@@ -16,7 +16,6 @@ from hvdtrack.errors import DataError
 from hvdtrack.evaluate.inference import (
     check_output,
     check_threshold,
-    checkpoint_step,
     graph_scorer,
     load_classifier,
 )
@@ -25,6 +24,7 @@ from hvdtrack.graphs.construction import GraphConfig
 from hvdtrack.reconstruct.inputs import event_prefixes, input_graphs, read_input
 from hvdtrack.tracks import building
 from hvdtrack.tracks.truth import truth_of_event
+from hvdtrack.train.checkpoints import number
 from hvdtrack.utils.io import Staged, write_json
 
 STAGES = ("read", "graphs", "score", "tracks", "write")
@@ -79,7 +79,7 @@ def reconstruct(
             "run_dir": str(run_dir),
             "checkpoint": checkpoint,
             "checkpoint_path": path,
-            "step": checkpoint_step(path),
+            "step": number(path),
             "out": str(out),
             "events": len(prefixes),
             "events_with_pt_cut": job.cut_events,

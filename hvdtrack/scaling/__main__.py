@@ -182,8 +182,9 @@ def _predict(args: argparse.Namespace) -> None:
     own, two = (maths.cycle_wait(*sizes, n) * 1e3 for n in (1, 2))
     print(
         f"N=1 exchange: measured {model.exchange_s * 1e3:.2f} ms (the model's N=1 step holds "
-        f"it); N>1: the cycle's wait {own:.2f} ms for the last rank's own loop, with the "
-        f"latest loop's lag {two:.2f} ms at N=2 and up to {own + model.cycle_s * 500:.2f} ms"
+        f"it); N>1: the cycle's wait {own:.2f} ms for the last rank's own loop, {two:.2f} ms in "
+        f"all with the latest loop's lag at N=2, tending to {own + model.cycle_s / 2 * 1e3:.2f} "
+        "ms as N grows"
     )
     for note in model.notes:
         print(f"  note: {note}")

@@ -241,12 +241,12 @@ def cycle_wait(
     n: int = 1,
 ) -> float:
     """Seconds the last of ``n`` ranks' gradients wait for Horovod's loops: half a cycle per
-    fused round (ceil(gradient_bytes / fusion_bytes)) for its own, then once the lag of the loop
-    starting latest in the cycle, whose collective the ranks agree in; no loop is realigned by
-    it (``RunLoopOnce`` sleeps to its own last start + the cycle). Phases uniform over a cycle:
-    cycle (n-1)/(2n) on average. n=1: ranks that submit together, as after a barrier."""
-    if fusion_bytes <= 0:
-        raise ValueError(f"fusion_bytes must be > 0, got {fusion_bytes}")
+    fused round (ceil(gradient_bytes / fusion_bytes)) for its own, then once the lag of the
+    latest loop, whose start ends the ranks' agreement (``RunLoopOnce``: each loop keeps its own
+    phase). The other loops' starts uniform over the cycle after the first's, the last rank any
+    of the n: cycle (n-1)/(2n) on average. n=1: one rank, or loops in phase."""
+    if fusion_bytes <= 0 or n < 1:
+        raise ValueError(f"fusion_bytes must be > 0 and n >= 1, got {fusion_bytes} and {n}")
     return (math.ceil(gradient_bytes / fusion_bytes) + (n - 1) / n) * cycle_s / 2
 
 

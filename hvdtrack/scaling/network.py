@@ -25,10 +25,11 @@ class NetworkModel:
 # shared-memory: the ring model fitted to Horovod 0.28.1 Gloo allreduces of 2 ranks on a 2-core
 # VM (eager, 4 KiB-16 MiB, median of 10: 4.33-30.3 ms); its "latency" is mostly eager dispatch
 # and the 1 ms cycle, not the wire. With half a 20 ms cycle it gives an exchange alone at N=2
-# (run_scripts/shaped_links.py --phase random, ranks submitting together): 15.2 ms against
-# 14.4-15.7 measured. Training's last rank waits a quarter cycle more on average, for the other
-# rank's loop (maths.cycle_wait; run_scripts/horovod_cycles.py, docs/scaling/README.md,
-# 2026-12-03). Too slow for 4 and 8 ranks on this host (24.4 and 42.4 ms against 21 and 29-31).
+# (run_scripts/shaped_links.py --phase random, whose idle loops stay in phase): 15.2 ms against
+# 14.4-15.7 measured. In training the loops' phases wander, and the last rank waits a quarter
+# cycle more on average, for the other's loop (maths.cycle_wait; run_scripts/horovod_cycles.py,
+# docs/scaling/README.md, 2026-12-03). Too slow for 4 and 8 ranks on this host (24.4 and 42.4
+# ms against 21 and 29-31).
 PRESETS: dict[str, NetworkModel] = {
     net.name: net
     for net in (

@@ -149,8 +149,9 @@ def render_markdown(report: ScalingReport) -> str:
             f"= fixed {m['fixed_s'] * 1e3:.2f} ms + {m['per_edge_s'] * 1e9:.1f} ns per edge, "
             f"{p['gradient_bytes']:,} gradient bytes per step. Step(N) = compute of the rank's "
             "share + fixed + straggler wait (expected slowest of N, from the measured spread), "
-            "over the contention ceiling, + Horovod's loop (half a cycle per fusion round; at "
-            "N=1 the single-worker run's measured exchange) + ring allreduce "
+            "over the contention ceiling, + Horovod's loop (half a cycle per fusion round, then "
+            "cycle (N-1)/(2N) for the latest rank's loop; at N=1 the single-worker run's "
+            "measured exchange) + ring allreduce "
             "2(N-1)/N bytes/bandwidth + 2(N-1) latency; no overlap with compute.",
             "",
         ]

@@ -15,9 +15,9 @@ import pytest
 from tests.launch import (
     assert_same_weights,
     check,
-    checkpoint_step,
     checkpoint_weights,
     horovodrun,
+    saved_step,
     start_job,
     stop_at,
     tiny_training,
@@ -72,7 +72,7 @@ def straight(tiny_dataset, tmp_path_factory):
         if step not in weights:
             run_dir = tmp_path_factory.mktemp("straight") / "run"
             check(horovodrun(2, train_args(tiny_dataset, run_dir, stop_at(run_dir, step))))
-            assert checkpoint_step(run_dir) == step
+            assert saved_step(run_dir) == step
             weights[step] = checkpoint_weights(run_dir)
         return weights[step]
 
@@ -121,12 +121,12 @@ def kill_and_resume(rank, moment, tiny_dataset, tmp_path, straight, seed=0):
     output = job.output()
     assert code not in (None, 0), f"exit {code} after {took:.0f} s\n{output[-3000:]}"
     assert f"Process {rank} exit with status code" in output, output[-3000:]
-    kept = checkpoint_step(run_dir)  # what the rerun resumes from
+    kept = saved_step(run_dir)  # what the rerun resumes from
     assert kept > 0, checkpoint_numbers(run_dir)
 
     step = max(STEP, kept + MORE)
     check(horovodrun(2, train_args(tiny_dataset, run_dir, stop_at(run_dir, step))))
-    assert checkpoint_step(run_dir) == step
+    assert saved_step(run_dir) == step
     assert_same_weights(checkpoint_weights(run_dir), straight(step))
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "stopped" and info["stopped_by"] is None  # at the step asked

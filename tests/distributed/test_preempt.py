@@ -13,9 +13,9 @@ from hvdtrack.distributed.stop import PREEMPTED_EXIT_CODE
 from tests.launch import (
     assert_same_weights,
     check,
-    checkpoint_step,
     checkpoint_weights,
     horovodrun,
+    saved_step,
     start_training,
     stop_at,
     tiny_training,
@@ -48,7 +48,7 @@ def test_sigterm_checkpoints_every_rank_and_the_rerun_resumes_exactly(tiny_datas
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "stopped" and info["stopped_by"] == "signal"
     assert "stopped by a signal (on another rank)" in output  # rank 0 learnt it at the exchange
-    stopped = checkpoint_step(run_dir)
+    stopped = saved_step(run_dir)
     assert f"after global step {stopped}," in output  # the checkpoint holds the signal's step
 
     # The same command resumes; it and an uninterrupted run stop at the same step.
@@ -56,7 +56,7 @@ def test_sigterm_checkpoints_every_rank_and_the_rerun_resumes_exactly(tiny_datas
     check(horovodrun(2, train_args(tiny_dataset, run_dir, stop_at(run_dir, step))))
     straight = tmp_path / "straight"
     check(horovodrun(2, train_args(tiny_dataset, straight, stop_at(straight, step))))
-    assert checkpoint_step(run_dir) == checkpoint_step(straight) == step
+    assert saved_step(run_dir) == saved_step(straight) == step
     assert_same_weights(checkpoint_weights(run_dir), checkpoint_weights(straight))
     records = [json.loads(line) for line in open(run_dir / "timing.jsonl")][1:]
     steps = [(r["epoch"], r["step"], r["rank"]) for r in records if r["kind"] == "step"]

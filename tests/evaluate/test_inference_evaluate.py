@@ -290,18 +290,18 @@ def test_evaluate_names_what_is_missing(known_run, tmp_path):
 def test_best_and_latest_name_the_newest_intact_checkpoint(known_run):
     """As a resume does: a checkpoint the ``checkpoint`` file does not list yet (a kill between
     the two writes) counts; a damaged one does not."""
-    from hvdtrack.evaluate.inference import checkpoint_path, checkpoint_step
+    from hvdtrack.evaluate.inference import checkpoint_path
+    from hvdtrack.train.checkpoints import number
 
     best = known_run / "best"
     _copy_checkpoint(best, 42, 50)
     assert "ckpt-42" in (best / "checkpoint").read_text()
     assert checkpoint_path(known_run, "best") == str(best / "ckpt-50")
-    assert checkpoint_step(checkpoint_path(known_run, "best")) == 50
+    assert number(checkpoint_path(known_run, "best")) == 50
     data = next(best.glob("ckpt-50.data-*"))
     data.write_bytes(b"\0" * data.stat().st_size)
     assert checkpoint_path(known_run, "best") == str(best / "ckpt-42")
     assert checkpoint_path(known_run, "latest") is None  # no checkpoints/ folder
-    assert checkpoint_step(None) == 0
     assert checkpoint_path(known_run, "/elsewhere/ckpt-7") == "/elsewhere/ckpt-7"
 
 

@@ -86,7 +86,7 @@ def test_hand_made_timeline(cycles, tmp_path, capsys):
         "the last rank does not wait for the other's loop: 1 step(s), its exchange without the "
         "allreduce 8.00 ms on average",
         "the last rank waits for the other's loop: 1 step(s), its exchange without the allreduce "
-        "14.00 ms on average",
+        "14.00 ms on average (rank 0's wait, the lag: 12.00 ms)",
         "model (maths.cycle_wait): 10.00 ms for the last rank's own loop, 15.00 ms with the "
         "latest loop's lag at N=2",
     ]
@@ -114,12 +114,27 @@ def test_what_does_not_pair_is_refused(cycles, tmp_path, capsys):
     unmarked.write_text(timeline.read_text().replace("CYCLE_START", "OTHER"))
     assert cycles.main([str(unmarked), str(fewer)]) == 2
     assert "no cycle marks - run with HOROVOD_TIMELINE_MARK_CYCLES=1" in capsys.readouterr().err
-    broken = tmp_path / "broken.json"
-    broken.write_text('[{"ph": ')
-    assert cycles.main([str(broken), str(fewer)]) == 2
-    assert f"{broken}: not a readable Horovod timeline" in capsys.readouterr().err
+    # A last record cut mid-write is dropped: the end of tensor 2's third allreduce, here, so
+    # that exchange ends with tensor 1's (a microsecond earlier).
+    cut = tmp_path / "cut.json"
+    cut.write_text(timeline.read_text().rstrip().rstrip(",")[:-12])
+    assert cycles.pair(cut, longer)[0]["allreduce_ms"].tolist() == pytest.approx([3, 2, 3.999])
+    for text, message in (
+        ('[{"ph": ', "not a Horovod timeline (a JSON array of events): Expecting value"),
+        ('{"ph": "B"}', "not a Horovod timeline (a JSON array of events)"),
+        ('[{"ph": "i", "name": "CYCLE_START"}]', "not a Horovod timeline (an event without 'ts')"),
+    ):
+        broken = tmp_path / "broken.json"
+        broken.write_text(text)
+        assert cycles.main([str(broken), str(fewer)]) == 2
+        assert f"{broken}: {message}" in capsys.readouterr().err, text
+    adasum = tmp_path / "adasum.json"
+    adasum.write_text(timeline.read_text().replace("gradients_", "adasum_"))
+    assert cycles.main([str(adasum), str(fewer)]) == 2
+    assert "no allreduce of gradients_* tensors" in capsys.readouterr().err
 
 
+@pytest.mark.distributed
 def test_the_timeline_of_a_real_two_rank_training(cycles, tiny_dataset, tmp_path):
     """Every exchange of a real run pairs with its step; each agreement comes within one cycle
     of rank 0's loop start, after Horovod reduced something."""

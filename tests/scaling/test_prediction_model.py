@@ -105,8 +105,10 @@ def test_cycle_wait_is_half_a_cycle_per_fused_round_and_the_latest_loops_lag():
     # 200 MiB through the default 128 MiB buffer: two rounds.
     assert maths.cycle_wait(200 * 2**20, 0.001) == pytest.approx(0.001)
     assert maths.cycle_wait(200 * 2**20, 0.001, 64 * 2**20) == pytest.approx(0.002)  # four
-    with pytest.raises(ValueError, match="fusion_bytes must be > 0"):
+    with pytest.raises(ValueError, match="fusion_bytes must be > 0 and n >= 1, got 0 and 1"):
         maths.cycle_wait(1, 0.001, 0)
+    with pytest.raises(ValueError, match="got 134217728 and 0"):
+        maths.cycle_wait(1, 0.001, n=0)
 
 
 def test_fit_separates_fixed_from_per_edge_cost(tmp_path):

@@ -78,6 +78,10 @@ def test_predict_command_prints_table_and_check(strong_runs, capsys):
     )
     out = capsys.readouterr().out
     assert "network ethernet-25g: 25 Gb/s, 25 us" in out
+    assert (
+        "N>1: the cycle's wait 0.50 ms for the last rank's own loop, 0.75 ms in all with the "
+        "latest loop's lag at N=2, tending to 1.00 ms as N grows"
+    ) in out
     # t_c = 1 s, all shrinking (constant edges), 4 MB: t(8) = 2*7/8 * 4e6 / 3.125e9 + 14 * 25 us
     # = 2.59 ms; Horovod's default 1 ms cycle waits 0.5 ms, and the latest of 8 loops 7/16 ms
     # more; step 125 + 0.9375 + 2.59 ms.

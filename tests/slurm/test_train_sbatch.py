@@ -26,8 +26,8 @@ import yaml
 from tests.launch import (
     REPO,
     assert_same_weights,
-    checkpoint_step,
     checkpoint_weights,
+    saved_step,
     stop_at,
     unbounded,
 )
@@ -127,7 +127,7 @@ def reference_weights(slurm, dataset, base, step):
     )
     fields = slurm.wait(job, timeout=600)  # ~1 min on a loaded machine
     assert fields["JobState"] == "COMPLETED", (base / "reference.out").read_text()
-    assert checkpoint_step(run_dir) == step
+    assert saved_step(run_dir) == step
     return checkpoint_weights(run_dir)
 
 
@@ -136,7 +136,7 @@ def assert_resumed_exactly(slurm, dataset, run_dir, step, base):
     every rank trained once."""
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "stopped" and info["stopped_by"] is None, info
-    assert checkpoint_step(run_dir) == step
+    assert saved_step(run_dir) == step
     assert_same_weights(checkpoint_weights(run_dir), reference_weights(slurm, dataset, base, step))
     steps = step_records(run_dir)
     assert len(steps) == len(set(steps)) == step * 2, sorted(steps)
@@ -225,7 +225,7 @@ def test_time_limit_signal_checkpoints_requeues_and_the_rerun_resumes_exactly(
     # rerun: hold it there while its config learns where to stop (hold refuses a job that runs).
     slurm.run("scontrol", "hold", job)
     assert "SLURM_RESTART_COUNT=1" not in out.read_text()
-    step = checkpoint_step(run_dir) + MORE_STEPS
+    step = saved_step(run_dir) + MORE_STEPS
     settings = yaml.safe_load(TINY.read_text())
     settings["train"]["stop_after_steps"] = int(stop_at(run_dir, step).split("=")[1])
     config.write_text(yaml.safe_dump(settings))
@@ -284,7 +284,7 @@ def test_scancel_checkpoints_ends_the_job_without_requeue_and_it_resumes_exactly
     assert info["status"] == "stopped" and info["stopped_by"] == "signal", info
 
     # Submitting the same command again resumes; told where to stop, it ends there.
-    step = checkpoint_step(run_dir) + MORE_STEPS
+    step = saved_step(run_dir) + MORE_STEPS
     again = submit(
         slurm, out, *train_args(tiny_dataset, run_dir, *unbounded(stop_at(run_dir, step)))
     )
