@@ -84,9 +84,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     result = evaluate_run(
         args.run, args.split, args.checkpoint, args.dataset_dir, args.threshold,
         args.pt_min, args.min_hits, args.min_track_hits, args.output,
+        on_warning=lambda text: print(f"hvdtrack: {text}", file=sys.stderr, flush=True),
     )  # fmt: skip
-    if "warning" in result:
-        print(f"hvdtrack: {result['warning']}", file=sys.stderr, flush=True)
     print("\n".join(summary_lines(result)), flush=True)
     return 0
 

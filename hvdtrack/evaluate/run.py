@@ -19,7 +19,7 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -154,6 +154,7 @@ def evaluate_run(
     min_hits: int = 5,
     min_track_hits: int = 3,
     output: Optional[str | Path] = None,
+    on_warning: Optional[Callable[[str], None]] = None,
 ) -> dict:
     """Evaluates a run on a split and writes ``RUN/evaluate-SPLIT/`` (see ``hvdtrack.evaluate``).
 
@@ -169,6 +170,8 @@ def evaluate_run(
       min_track_hits: tracks of fewer hits are dropped.
       output: where to write (default ``RUN/evaluate-SPLIT``, and the TensorBoard records into
         ``RUN/tensorboard``; given: both into it, so a read-only run can be evaluated).
+      on_warning: called with the unfinished-run warning (``unfinished_warning``) as soon as
+        the checkpoint is loaded, before the scoring; the result keeps it as ``warning``.
 
     Returns:
       The metrics written to ``metrics.json``.
@@ -183,6 +186,8 @@ def evaluate_run(
     run_dir = Path(run_dir)
     model, config, path, data, manifest = open_run(run_dir, checkpoint, dataset_dir, split)
     warning = unfinished_warning(run_dir, checkpoint, number(path))  # the run's status as loaded
+    if warning and on_warning is not None:
+        on_warning(warning)
     threshold = config.train.thresholds[0] if threshold is None else threshold
     pt_min = data.graph.pt_min if pt_min is None else pt_min
     # Another dataset's evaluation goes beside the run's own, never over it.

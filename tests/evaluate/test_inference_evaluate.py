@@ -313,12 +313,16 @@ def test_the_step_reported_is_that_of_the_weights_scored(known_run, monkeypatch)
     (known_run / "run.json").write_text(json.dumps({"status": "running"}))
     score_events = evaluate_module.score_events
 
+    warned = []
+
     def newer_checkpoint_while_scoring(*args):
+        assert len(warned) == 1  # told before the scoring, which may take long
         _copy_checkpoint(known_run / "best", 42, 60)  # as the training writes its next best
         return score_events(*args)
 
     monkeypatch.setattr(evaluate_module, "score_events", newer_checkpoint_while_scoring)
-    result = evaluate_module.evaluate_run(known_run, pt_min=1)
+    result = evaluate_module.evaluate_run(known_run, pt_min=1, on_warning=warned.append)
+    assert warned == [result["warning"]]
     assert (known_run / "best" / "ckpt-60.index").exists()
     assert (result["step"], result["checkpoint_path"]) == (42, str(known_run / "best/ckpt-42"))
     assert result["warning"].endswith("evaluating its 'best' checkpoint of step 42")
