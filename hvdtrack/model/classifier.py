@@ -115,12 +115,9 @@ class SegmentClassifier(snt.Module):
             return make_mlp(sizes, config, with_layer_norm=False, activate_final=False)
 
         edges_only = dict(use_receiver_nodes=False, use_sender_nodes=False, use_globals=False)
+        nodes_only = dict(use_received_edges=False, use_sent_edges=False, use_globals=False)
         self._node_encoder = NodeBlock(
-            mlp_fn(config.node_encoder),
-            use_received_edges=False,
-            use_sent_edges=False,
-            use_globals=False,
-            name="node_encoder",
+            mlp_fn(config.node_encoder), name="node_encoder", **nodes_only
         )
         self._edge_encoder = EdgeBlock(
             mlp_fn(config.edge_encoder), name="edge_encoder", **edges_only
@@ -219,9 +216,9 @@ class SegmentClassifier(snt.Module):
         """
         config, count = self._config, tf.shape(latent.nodes)[0]
         if config.factorized_edge_update:
-            edge_terms, *node_invariant = invariant
+            edge_terms, *node_invariant, blocks = invariant
             receiver_terms, sender_terms = self._edge_update.node_terms(
-                latent.nodes, node_invariant
+                latent.nodes, node_invariant, blocks
             )
         else:
             core_nodes = tf.concat([encoded.nodes, latent.nodes], axis=-1)
@@ -234,7 +231,9 @@ class SegmentClassifier(snt.Module):
         for i, (receivers, senders) in enumerate(zip(latent.receivers, latent.senders)):
             if config.factorized_edge_update:
                 terms = (edge_terms[i], receiver_terms, sender_terms)
-                edges = self._edge_update.rows(latent.edges[i], *terms, receivers, senders)
+                edges = self._edge_update.rows(
+                    latent.edges[i], *terms, receivers, senders, blocks=blocks
+                )
             else:
                 both = tf.concat([encoded.edges[i], latent.edges[i]], axis=-1)
                 run = latent.replace(
@@ -386,6 +385,8 @@ class FactorizedEdgeUpdate(snt.Module):
         self._norm = LayerNorm(relu=self._relu_in_norm) if config.layer_norm else None
 
     def _first_layer_blocks(self) -> dict[str, tf.Tensor]:
+        """W by input part, and b. A split's gradient is all of W (zeros for the parts unused):
+        split once per forward pass (``encoded_terms``), not per call (27 at 8 steps)."""
         first = self._mlp.layers[0]
         le, ln = self._config.edge_latent_size, self._config.node_latent_size
         if not hasattr(first, "w"):  # Sonnet-style lazy creation, with the full input width
@@ -395,8 +396,8 @@ class FactorizedEdgeUpdate(snt.Module):
         parts = tf.split(w, list(rows.values()), axis=0)
         return dict(zip(rows, parts), b=first.b)
 
-    def encoded_terms(self, encoded: GraphsTuple) -> tuple[tuple, tf.Tensor, tf.Tensor]:
-        """The step-independent terms of the first layer.
+    def encoded_terms(self, encoded: GraphsTuple) -> tuple[tuple, tf.Tensor, tf.Tensor, dict]:
+        """The step-independent terms of the first layer, and its weights by part.
 
         Args:
           encoded: the encoders' output: nodes [N, L_n], edges in runs [E_i, L_e]
@@ -406,34 +407,35 @@ class FactorizedEdgeUpdate(snt.Module):
           edge_terms: float32 [E_i, H] per run, ``e_enc @ W_e_enc + b`` (``edge_term``).
           receiver_term, sender_term: float32 [N, H], ``x_enc @ W_r_enc`` and ``x_enc @ W_s_enc``
           (``node_invariant``).
+          blocks: W by part and b, for the steps' ``node_terms`` and ``rows``.
         """
+        blocks = self._first_layer_blocks()
         return (
-            tuple(self.edge_term(e) for e in encoded.edges),
-            *self.node_invariant(encoded.nodes),
+            tuple(self.edge_term(e, blocks) for e in encoded.edges),
+            *self.node_invariant(encoded.nodes, blocks),
+            blocks,
         )
 
-    def edge_term(self, encoded_edges: tf.Tensor) -> tf.Tensor:
+    def edge_term(self, encoded_edges: tf.Tensor, blocks: dict | None = None) -> tf.Tensor:
         """``e_enc @ W_e_enc + b`` [rows, H], for any rows of the encoded edges.
 
-        The bias by ``tf.nn.bias_add``: in a compiled float32 step grappler fuses it into the
-        product (``_FusedMatMul``), and its gradient is ``BiasAddGrad`` (2.0 ms at 5k nodes /
-        40k edges), where ``+`` took an ``AddV2`` over [E, H] (2.3 ms) and a ``Sum`` over the
-        rows (8.7 ms): 9 ms less a step. Same values; the bias gradient adds its rows in
-        another order than the ``Sum`` did."""
-        p = self._first_layer_blocks()
+        The bias by ``tf.nn.bias_add``: grappler fuses it into the product, its gradient a
+        ``BiasAddGrad`` (2.0 ms at 5k nodes / 40k edges; ``+`` took an ``AddV2`` and a ``Sum``,
+        11 ms). ``blocks``: ``encoded_terms``'s, else W is split here."""
+        p = blocks or self._first_layer_blocks()
         return dense(encoded_edges, p["e_enc"], p["b"])
 
-    def node_invariant(self, encoded_nodes: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    def node_invariant(self, encoded_nodes: tf.Tensor, blocks: dict | None = None) -> tuple:
         """``x_enc @ W_r_enc`` and ``x_enc @ W_s_enc`` [N, H]."""
-        p = self._first_layer_blocks()
+        p = blocks or self._first_layer_blocks()
         return dense(encoded_nodes, p["r_enc"]), dense(encoded_nodes, p["s_enc"])
 
     def node_terms(
-        self, nodes: tf.Tensor, invariant: tuple[tf.Tensor, tf.Tensor]
+        self, nodes: tf.Tensor, invariant: tuple[tf.Tensor, tf.Tensor], blocks: dict | None = None
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """What the edges gather from their receiver and sender [N, H]:
         ``x @ W_r + x_enc @ W_r_enc`` and ``x @ W_s + x_enc @ W_s_enc``."""
-        p = self._first_layer_blocks()
+        p = blocks or self._first_layer_blocks()
         receiver_term, sender_term = invariant
         return dense(nodes, p["r"]) + receiver_term, dense(nodes, p["s"]) + sender_term
 
@@ -441,12 +443,13 @@ class FactorizedEdgeUpdate(snt.Module):
         self, edges: tf.Tensor, edge_term: tf.Tensor, receiver_terms: tf.Tensor,
         sender_terms: tf.Tensor, receivers: tf.Tensor, senders: tf.Tensor,
         node_gradients: bool | NodeGradients = True, kept: bool | NormOutput = False,
+        blocks: dict | None = None,
     ) -> tf.Tensor | NormOutput:  # fmt: skip
         """New edge latents [rows, L_e] of any rows of the edges, from their latents, their
         ``edge_term``, ``node_terms`` (whole, [N, H] each) and the rows' endpoints;
         ``node_gradients`` as ``segments.gather_sum``'s; ``kept`` (``keeps_norm``) as
         ``mlp.linear_norm``'s, for the last layer and its norm."""
-        terms = (edge_term, dense(edges, self._first_layer_blocks()["e"]))
+        terms = (edge_term, dense(edges, (blocks or self._first_layer_blocks())["e"]))
         # The gathers, the sum and a ReLU in one pass.
         relu = self._config.activation == "relu"
         h = gather_sum(

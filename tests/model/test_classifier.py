@@ -105,6 +105,30 @@ def test_factorized_edge_update_is_the_same_function_with_the_same_variables(gra
     assert ("HvdtrackLinearNorm" in types) == one_kernel, types
 
 
+def test_the_first_edge_layer_is_split_once_per_forward_pass(graphs):
+    # Each split of the factorized first layer's W has all of W as gradient (zeros for the
+    # parts it does not use): the steps and the edge runs share one split, and the gradients
+    # stay those of the unfactorized update.
+    plain_config = dataclasses.replace(TINY, edge_update=(5, 3), edge_runs=2)
+    plain = SegmentClassifier(plain_config)
+    factorized = SegmentClassifier(dataclasses.replace(plain_config, factorized_edge_update=True))
+    plain(graphs)
+    factorized(graphs)
+    copy_weights(plain, factorized)
+
+    def gradients(model):
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([tf.reduce_sum(x) for x in model(graphs)])
+        return tape.gradient(loss, model.trainable_variables)
+
+    for a, b in zip(gradients(plain), gradients(factorized)):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
+    traced = tf.function(lambda: gradients(factorized)).get_concrete_function()
+    splits = [op for op in traced.graph.get_operations() if op.type == "SplitV"]
+    of_w = [op for op in splits if op.inputs[0].shape == (2 * 3 + 4 * 4, 5)]  # [e_enc e r.. s]
+    assert len(of_w) == 1, [op.name for op in splits]
+
+
 def test_split_edges_cuts_consecutive_runs_in_order(graphs):
     split = split_edges(graphs, 3)  # 7 edges: 7 * i // 3 for i = 0..3 -> 0, 2, 4, 7
     assert [r.numpy().tolist() for r in split.senders] == [[0, 0], [1, 2], [1, 4, 5]]
