@@ -8,6 +8,8 @@ One optimizer step is three compiled functions, so the host can time each part o
        fp16 compression or Adasum)
     -> apply (Adam update with clipping).
 
+The gradients pass between the parts as one vector (``split_gradients``): each input of a
+compiled call costs host time, 28 gradients 1.4-1.8 ms a call (docs/scaling/README.md).
 Each is traced once (input signatures with dynamic sizes; control flow by ``tf.cond`` and
 ``tf.while_loop``, so no AutoGraph). ``TrainStep.run`` runs them and returns a ``StepTimes``:
 data wait, compute (local + apply) and exchange, which includes any wait for slower ranks. The
@@ -67,29 +69,18 @@ class TrainStep:
     """
 
     def __init__(
-        self,
-        config: Config,
-        workers: Workers,
-        state: TrainState,
-        stage_devices: list[str] | None = None,
+        self, config: Config, workers: Workers, state: TrainState, stage_devices: list | None = None
     ):
-        self.config = config
-        self.workers = workers
-        self.state = state
-        self.stages = (
-            StagedClassifier(state.model, config.distributed.stages, stage_devices)
-            if stage_devices
-            else None
-        )
-        with workers.scope():
-            self.accumulators = (
-                [
-                    tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="accumulate")
-                    for v in state.variables + [tf.constant(0.0), tf.constant(0.0)]
-                ]
+        self.config, self.workers, self.state = config, workers, state
+        self.stages = None
+        if stage_devices:
+            self.stages = StagedClassifier(state.model, config.distributed.stages, stage_devices)
+        with workers.scope():  # none with one backward pass a step
+            self.accumulators = [
+                tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="accumulate")
+                for v in state.variables + [tf.constant(0.0), tf.constant(0.0)]
                 if config.distributed.backward_passes_per_step > 1
-                else []
-            )
+            ]
         self.build()
 
     # ----------------------------------------------------------------------------- compiling
@@ -98,7 +89,9 @@ class TrainStep:
         first call or by ``compile``; again when a trace's schedule changes (elastic resize)."""
         workers = self.workers
         scalar = tf.TensorSpec([], tf.float32)
-        grad_specs = [tf.TensorSpec(v.shape, v.dtype) for v in self.state.variables]
+        variables = self.state.variables
+        self._sizes = [v.shape.num_elements() for v in variables]
+        flat_spec = tf.TensorSpec([sum(self._sizes)], variables[0].dtype)
 
         def compiled(replica_fn, spec):
             # One input tuple per local replica, flattened; outputs: one list per local replica.
@@ -115,8 +108,8 @@ class TrainStep:
         self._local = compiled(self._replica_local, graph_spec)
         self._accumulate = compiled(self._replica_accumulate, graph_spec)
         flags = tf.TensorSpec([len(REQUESTS)], tf.float32)
-        self._exchange = compiled(self._replica_exchange, [scalar, scalar, flags, *grad_specs])
-        self._apply = compiled(self._replica_apply, grad_specs)
+        self._exchange = compiled(self._replica_exchange, [scalar, scalar, flags, flat_spec])
+        self._apply = compiled(self._replica_apply, [flat_spec])
         self._eval = tf.function(self._eval_batch, input_signature=graph_spec, autograph=False)
 
     def compile(self) -> float:
@@ -181,7 +174,7 @@ class TrainStep:
                 a.assign(tf.zeros_like(a))
             grads = [g + a for g, a in zip(grads, acc[:-2])]
             loss_sum, weight_sum = loss_sum + acc[-2], weight_sum + acc[-1]
-        return [loss_sum, weight_sum, *grads]
+        return [loss_sum, weight_sum, _flatten(grads)]
 
     def _replica_accumulate(self, graphs, labels):
         loss_sum, weight_sum, grads = self._local_terms(graphs, labels)
@@ -189,12 +182,12 @@ class TrainStep:
             a.assign_add(value)
         return loss_sum
 
-    def _replica_exchange(self, loss_sum, weight_sum, requests, *grads):
+    def _replica_exchange(self, loss_sum, weight_sum, requests, flat):
         workers = self.workers
         # Inputs of a compiled function carry no device; collectives of tf.distribute want
         # their values placed on the replica's device (the identity does that, no copy).
-        loss_sum, weight_sum, requests, *grads = [
-            tf.identity(x) for x in (loss_sum, weight_sum, requests, *grads)
+        loss_sum, weight_sum, requests, flat = [
+            tf.identity(x) for x in (loss_sum, weight_sum, requests, flat)
         ]
         # Exact global mean over edges: sums of (gradient of the loss sum, loss sum, weight)
         # over all replicas, divided once, so 2 workers x b graphs == 1 worker x 2b graphs.
@@ -202,24 +195,23 @@ class TrainStep:
         # rank learns at the same step that one of them asked, at no extra collective.
         if workers.exact_gradient_exchange:
             # One collective per step: the scalar sums ride with the gradients.
-            *grads, total_loss, total_weight, asked = workers.reduce_gradients(
-                [*grads, loss_sum, weight_sum, requests]
+            flat, total_loss, total_weight, asked = workers.reduce_gradients(
+                [flat, loss_sum, weight_sum, requests]
             )
-            grads = [g / tf.maximum(total_weight, EPS) for g in grads]
-            return [total_loss / tf.maximum(total_weight, EPS), asked, *grads]
+            flat = flat / tf.maximum(total_weight, EPS)
+            return [total_loss / tf.maximum(total_weight, EPS), asked, flat]
         # fp16 compression or Adasum: the sums stay exact and uncompressed (a weight sum can
-        # exceed float16's range), the gradients are normalised before the exchange.
+        # exceed float16's range), the gradients are normalised before the exchange, and
+        # reduced variable by variable (Adasum's combination depends on the split).
         total_loss, total_weight, asked = workers.reduce_sum([loss_sum, weight_sum, requests])
         norm = weight_sum if workers.adaptive_reduction else total_weight
-        grads = workers.reduce_gradients([g / tf.maximum(norm, EPS) for g in grads])
-        return [total_loss / tf.maximum(total_weight, EPS), asked, *grads]
+        grads = [g / tf.maximum(norm, EPS) for g in self.split_gradients(flat)]
+        flat = _flatten(workers.reduce_gradients(grads))
+        return [total_loss / tf.maximum(total_weight, EPS), asked, flat]
 
-    def _replica_apply(self, *grads):
-        optimizer, loss_scale, variables = (
-            self.state.optimizer,
-            self.state.loss_scale,
-            self.state.variables,
-        )
+    def _replica_apply(self, flat):
+        grads, state = self.split_gradients(flat), self.state
+        optimizer, loss_scale, variables = state.optimizer, state.loss_scale, state.variables
         lr = optimizer.learning_rate()
         if loss_scale is None:
             return [optimizer.apply(list(grads), variables), lr]
@@ -237,10 +229,7 @@ class TrainStep:
 
     # ----------------------------------------------------------------------------- running
     def run(
-        self,
-        batches: Iterator[list[tuple[Any, tf.Tensor]]],
-        stop: bool = False,
-        checkpoint: bool = False,
+        self, batches: Iterator[list[tuple[Any, tf.Tensor]]], stop=False, checkpoint=False
     ) -> StepTimes:
         """Runs one optimizer step on the next batches of ``batches`` (one per pass), timed.
 
@@ -291,7 +280,13 @@ class TrainStep:
         """
         terms = self._local(*[t for pair in batches for t in pair])
         reduced = self._exchange(*_exchange_inputs(terms, [0.0] * len(REQUESTS)))[0]
-        return float(reduced[0]), [g.numpy() for g in reduced[2:]]
+        return float(reduced[0]), [g.numpy() for g in self.split_gradients(reduced[2])]
+
+    def split_gradients(self, flat: tf.Tensor) -> list[tf.Tensor]:
+        """The gradients per variable (``state.variables``' shapes) in the flat vector that the
+        step's parts pass on."""
+        parts = tf.split(flat, self._sizes)
+        return [tf.reshape(p, v.shape) for p, v in zip(parts, self.state.variables)]
 
     def evaluate(self, batches: Iterable[tuple[Any, tf.Tensor]], where: str) -> dict[str, float]:
         """Loss and edge metrics over ``batches`` (this process's share of a split), gathered
@@ -316,6 +311,11 @@ class TrainStep:
         result = metrics_lib.edge_metrics(gathered[:, 0], gathered[:, 1], tc.thresholds)
         result["loss"] = float(gathered[:, 2].sum() / max(gathered[:, 3].sum(), EPS))
         return result
+
+
+def _flatten(grads: list[tf.Tensor]) -> tf.Tensor:
+    """The gradients as one vector, variable after variable (``TrainStep.split_gradients``)."""
+    return tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)
 
 
 def _exchange_inputs(terms, flags: list[float]) -> list:

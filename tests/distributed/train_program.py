@@ -98,9 +98,15 @@ def record_exchange(trainer) -> dict[str, np.ndarray]:
         step._accumulate(*f)
     terms = step._local(*flat[-1])
     reduced = step._exchange(*_exchange_inputs(terms, [0.0] * len(REQUESTS)))[0]
-    record = {f"pass{p}_{i}": t.numpy() for p, ts in enumerate(alone) for i, t in enumerate(ts)}
-    record.update({f"terms_{i}": t.numpy() for i, t in enumerate(terms[0])})
-    record.update({f"reduced_{i}": t.numpy() for i, t in enumerate(reduced)})
+
+    def per_variable(parts):  # the two scalars (or the scalar and the flags), then the gradients
+        return [t.numpy() for t in [*parts[:2], *step.split_gradients(parts[2])]]
+
+    record = {
+        f"pass{p}_{i}": t for p, ts in enumerate(alone) for i, t in enumerate(per_variable(ts))
+    }
+    record.update({f"terms_{i}": t for i, t in enumerate(per_variable(terms[0]))})
+    record.update({f"reduced_{i}": t for i, t in enumerate(per_variable(reduced))})
     return record
 
 
