@@ -83,8 +83,9 @@ RATES_GBIT = {
 
 
 def step_tensors(tf) -> list:
-    """Tensors shaped as the training step's exchange (``--tensors model``, the default exact
-    sums; ``TrainStep``'s exchange part): the packaged default model's variables, created as
+    """Tensors of the training step's exchange bytes (``--tensors model``, the default exact
+    sums; ``TrainStep`` has passed the gradients as one vector since 2026-12-03, the same bytes
+    in 4 tensors): the packaged default model's variables, created as
     ``TrainState`` creates them, then the loss and weight sums (scalars) and the requests
     vector (``step.REQUESTS``: stop, checkpoint)."""
     if str(REPO) not in sys.path:

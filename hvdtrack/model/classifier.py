@@ -386,7 +386,7 @@ class FactorizedEdgeUpdate(snt.Module):
 
     def _first_layer_blocks(self) -> dict[str, tf.Tensor]:
         """W by input part, and b. A split's gradient is all of W (zeros for the parts unused):
-        split once per forward pass (``encoded_terms``), not per call (27 at 8 steps)."""
+        split once a plain forward pass (``encoded_terms``), not per call (27 at 8 steps)."""
         first = self._mlp.layers[0]
         le, ln = self._config.edge_latent_size, self._config.node_latent_size
         if not hasattr(first, "w"):  # Sonnet-style lazy creation, with the full input width

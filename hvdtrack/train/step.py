@@ -319,6 +319,6 @@ def _flatten(grads: list[tf.Tensor]) -> tf.Tensor:
 
 
 def _exchange_inputs(terms, flags: list[float]) -> list:
-    """The exchange's flat inputs: per local replica (loss sum, weight sum, flags, grads...)."""
+    """The exchange's inputs: per local replica (loss sum, weight sum, flags, gradient vector)."""
     requests = tf.constant(flags, tf.float32)
     return [x for replica in terms for x in (replica[0], replica[1], requests, *replica[2:])]
